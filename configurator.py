@@ -1,0 +1,127 @@
+"""
+The one config parser shared by train.py, sample.py and bench.py.
+
+    python train.py config/aed_mse_possub.py --batch_size=32 --lr=6e-4
+
+Each script keeps its defaults as plain variables at the top and calls
+load_config(defaults, sys.argv[1:]). Positional arguments are config files:
+plain Python, executed into a fresh namespace (not into the caller's globals);
+every name a file defines must be a known key. `--key=value` arguments come
+after (or between) them and win, in order. Values are parsed with
+ast.literal_eval and fall back to the raw string, so `--out_dir=out-aed`,
+`--lr=3e-4`, `--compile=False`, `--cross_attn_n_head=None` and
+`--start=a=b` all work (the split is on the first '=').
+
+Types are checked against the default: an int is accepted where a float is
+expected (and converted); a None default accepts None, bool, int, float or
+str (ModelConfig validates those fields itself). Any mistake raises
+ConfigError with a one-line message naming the nearest valid key; the scripts
+turn it into `error: ...` on stderr and exit status 1.
+"""
+import ast
+import difflib
+import os
+import types
+
+NONE_OK = (type(None), bool, int, float, str)
+
+
+class ConfigError(Exception):
+    pass
+
+
+def nearest_key(key, keys):
+    # always name one key: the closest by difflib's ratio, however far
+    match = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.0)
+    return match[0] if match else None
+
+
+def unknown_key_error(key, keys, where):
+    near = nearest_key(key, keys)
+    hint = f" (did you mean '{near}'?)" if near else ""
+    return ConfigError(f"unknown config key '{key}' {where}{hint}")
+
+
+def check_type(key, value, default, where):
+    """Return value converted to the default's type, or raise ConfigError."""
+    if default is None:
+        if isinstance(value, NONE_OK):
+            return value
+        raise ConfigError(f"{key} {where}: expected None, bool, int, float or str, got {type(value).__name__} {value!r}")
+    want = type(default)
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # ints are fine for floats: lr=1 means 1.0
+    if want is int and isinstance(value, bool):
+        pass  # bool is a subclass of int in Python; `--batch_size=True` is a mistake
+    elif isinstance(value, want):
+        return value
+    raise ConfigError(f"{key} {where}: expected {want.__name__}, got {type(value).__name__} {value!r}")
+
+
+def parse_value(raw, default):
+    """Turn the text after '--key=' into a Python value."""
+    if isinstance(default, str):
+        # a str key keeps the text as typed, so --out_dir=2024 stays '2024',
+        # but a quoted literal ('--start="hi"') is still unquoted
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return raw
+        return value if isinstance(value, str) else raw
+    if isinstance(default, bool) and raw.lower() in ("true", "false"):
+        return raw.lower() == "true"  # accept --compile=false as well as False
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return raw  # e.g. --detach_type=ENCODER_OUT for a None default
+
+
+def read_config_file(path, keys):
+    """Execute a config file in a fresh namespace; return {key: value} it set."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    namespace = {}
+    try:
+        exec(compile(source, path, "exec"), namespace)
+    except SyntaxError as e:
+        raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # a config file that raises is bad input, not a crash
+        raise ConfigError(f"{path}: {type(e).__name__}: {e}") from None
+    values = {}
+    for name, value in namespace.items():
+        # skip dunders (exec adds __builtins__), _private helpers and imported modules
+        if name.startswith("_") or isinstance(value, types.ModuleType):
+            continue
+        if name not in keys:
+            raise unknown_key_error(name, keys, f"in {path}")
+        values[name] = value
+    return values
+
+
+def load_config(defaults, argv, base=None):
+    """Apply config files and --key=value overrides in argv, in order, to a copy of
+    base (default: defaults). Types are checked against defaults."""
+    config = dict(defaults if base is None else base)
+    for arg in argv:
+        if arg.startswith("--"):
+            key, eq, raw = arg[2:].partition("=")
+            if not eq:
+                raise ConfigError(f"expected --key=value, got '{arg}'")
+            key = key.replace("-", "_")  # --batch-size=8 works too
+            if key not in defaults:
+                raise unknown_key_error(key, defaults, "on the command line")
+            value = parse_value(raw, defaults[key])
+            config[key] = check_type(key, value, defaults[key], f"(from {arg})")
+        else:
+            for key, value in read_config_file(arg, defaults).items():
+                config[key] = check_type(key, value, defaults[key], f"in {arg}")
+    return config
+
+
+def collect_defaults(namespace):
+    """The config keys of a script: its public module-level int/float/bool/str/None variables.
+    Call as collect_defaults(globals()) right after the defaults block."""
+    return {k: v for k, v in namespace.items()
+            if not k.startswith("_") and isinstance(v, NONE_OK)}
