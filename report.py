@@ -1,0 +1,293 @@
+"""
+Turn training run directories into the author's results table (markdown) and a chart of the
+validation-loss curves (SVG, drawn by hand: no plotting library needed).
+
+$ python report.py out-cpu-*
+$ python report.py out-cpu-* --svg=experiments/results.svg --md=experiments/results.md
+
+Options (--key=value):
+  --svg=PATH     write the chart here (val loss vs step, one line per run)
+  --md=PATH      write the markdown table here (it is always printed)
+  --train=True   also draw the train-loss estimates, dashed
+  --ymin=, --ymax=  fix the chart's loss axis (default: fit the curves, ignoring the step-0 estimate)
+  --title=TEXT   chart title
+
+Each run directory is what train.py writes: log.jsonl (one JSON record per line: 'start' or 'resume',
+'step', 'est', 'stop') and summary.json. Train and val loss are the run's last estimate (eval-mode
+cross-entropy, as the author reported them); the embedding loss is the unweighted training-batch
+embedding loss of the last step. Uses only the standard library.
+"""
+import json
+import math
+import os
+import sys
+from xml.sax.saxutils import escape
+
+# what the run's config may differ in and still count as "the same run, another seed"
+SEED_ONLY_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')
+
+# Tableau 10: distinct, readable on white, and still tellable apart by most colour-blind readers
+COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f',
+          '#edc948', '#b07aa1', '#ff9da7', '#9c755f', '#bab0ac']
+DASHES = ['', '6,3', '2,2', '8,3,2,3']  # cycled once the colours run out
+
+
+def die(msg):
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def parse_args(argv):
+    opts = {'svg': None, 'md': None, 'train': False, 'ymin': None, 'ymax': None, 'title': None}
+    dirs = []
+    for arg in argv:
+        if not arg.startswith('--'):
+            dirs.append(arg)
+            continue
+        key, eq, value = arg[2:].partition('=')
+        if key not in opts or not eq:
+            die(f"unknown option '{arg}' (options: --svg=PATH --md=PATH --train=True --ymin=X --ymax=X --title=TEXT)")
+        if key == 'train':
+            if value.lower() not in ('true', 'false'):
+                die(f"--train must be True or False, got '{value}'")
+            opts[key] = value.lower() == 'true'
+        elif key in ('ymin', 'ymax'):
+            try:
+                opts[key] = float(value)
+            except ValueError:
+                die(f"--{key} must be a number, got '{value}'")
+        else:
+            opts[key] = value
+    if not dirs:
+        die("no run directories given (usage: python report.py out-dir [out-dir ...] [--svg=PATH] [--md=PATH])")
+    return dirs, opts
+
+
+# -----------------------------------------------------------------------------
+# reading runs
+
+def read_log(path):
+    # a resumed run appends to the log: a 'resume' record at step s means everything logged after
+    # step s by the earlier process (steps it took after its last checkpoint) never happened
+    records = []
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):
+                break  # a run killed mid-write can leave a half line at the end; anywhere else it is damage
+            raise ValueError(f"line {n} is not JSON")
+        if rec.get('type') == 'resume':
+            records = [r for r in records if r['type'] in ('start', 'resume') or r['step'] <= rec['step']]
+        records.append(rec)
+    return records
+
+
+def load_run(run_dir):
+    if not os.path.isdir(run_dir):
+        die(f"{run_dir}: no such run directory")
+    log_path = os.path.join(run_dir, 'log.jsonl')
+    if not os.path.isfile(log_path):
+        die(f"{run_dir}: no log.jsonl (not a train.py run directory?)")
+    try:
+        records = read_log(log_path)
+    except (ValueError, KeyError, TypeError) as e:
+        die(f"{log_path}: cannot read it ({e})")
+    summary = {}
+    summary_path = os.path.join(run_dir, 'summary.json')
+    if os.path.isfile(summary_path):
+        try:
+            with open(summary_path) as f:
+                summary = json.load(f)
+        except json.JSONDecodeError:
+            die(f"{summary_path}: not valid JSON")
+    starts = [r for r in records if r['type'] in ('start', 'resume')]
+    steps = [r for r in records if r['type'] == 'step']
+    ests = [r for r in records if r['type'] == 'est']
+    if not starts or not ests:
+        die(f"{log_path}: no loss estimate logged yet (the run has not reached its first estimate)")
+    last = steps[-1] if steps else {}
+    config = dict(summary.get('config') or starts[-1].get('config') or {})
+    return {
+        'name': os.path.basename(os.path.normpath(run_dir)),
+        'config': config,
+        'seed': config.get('seed'),
+        'curve': [(r['step'], r['train'], r['val']) for r in ests],  # (step, train, val)
+        'train': ests[-1]['train'], 'val': ests[-1]['val'],
+        'best_val': min(r['val'] for r in ests),
+        'emb': last.get('emb'),
+        'params': summary.get('params'),
+        'step': ests[-1]['step'] if not steps else max(last['step'], ests[-1]['step']),
+        'tokens': summary.get('tokens_seen', last.get('tokens', 0)),
+        'wall': summary.get('wall_time_s', max(last.get('time', 0), ests[-1].get('time', 0))),
+        'status': summary.get('status', 'no summary.json'),
+    }
+
+
+# -----------------------------------------------------------------------------
+# the table
+
+def fmt_tokens(n):
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n:,}"
+
+
+def fmt_wall(s):
+    return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def table(runs):
+    lines = ["| run | train loss | val loss | embedding loss | params | seed | steps | tokens | wall time |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        name = r['name'] if r['status'] == 'finished' else f"{r['name']} ({r['status']})"
+        emb = f"{r['emb']:.3e}" if r['emb'] is not None else "N/A"
+        params = f"{r['params']:,}" if r['params'] is not None else "?"
+        seed = str(r['seed']) if r['seed'] is not None else "?"
+        lines.append(f"| {name} | {r['train']:.3f} | {r['val']:.3f} | {emb} | {params} | {seed} | "
+                     f"{r['step']:,} | {fmt_tokens(r['tokens'])} | {fmt_wall(r['wall'])} |")
+    return lines
+
+
+def seed_groups(runs):
+    # runs whose configs differ only in the seed (and where they were written): the seed noise
+    groups = {}
+    for r in runs:
+        if not r['config']:
+            continue
+        key = json.dumps({k: v for k, v in r['config'].items() if k not in SEED_ONLY_KEYS}, sort_keys=True)
+        groups.setdefault(key, []).append(r)
+    lines = []
+    for group in groups.values():
+        if len({r['seed'] for r in group}) < 2:
+            continue
+        vals = [r['val'] for r in group]
+        lines.append(f"- {', '.join(r['name'] for r in group)}: the same config with seeds "
+                     f"{', '.join(str(r['seed']) for r in group)}: val loss {', '.join(f'{v:.3f}' for v in vals)} "
+                     f"(mean {sum(vals) / len(vals):.3f}, spread {max(vals) - min(vals):.3f})")
+    return lines
+
+
+# -----------------------------------------------------------------------------
+# the chart
+
+def nice_ticks(lo, hi, n=6):
+    # round tick values (1, 2, 5 x 10^k apart) covering [lo, hi]
+    if hi <= lo:
+        hi = lo + 1.0
+    raw = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks = []
+    t = first
+    while t <= hi + step * 1e-9:
+        ticks.append(round(t, 10))
+        t += step
+    return ticks, step
+
+
+def fmt_tick(v, step):
+    decimals = max(0, -math.floor(math.log10(step))) if step < 1 else 0
+    return f"{v:.{decimals}f}" if decimals else f"{v:,.0f}"
+
+
+def svg_chart(runs, train=False, ymin=None, ymax=None, title=None):
+    W, H = 900, 480
+    left, right, top, bottom = 70, 290, 40, 50  # plot margins; the legend sits on the right
+    pw, ph = W - left - right, H - top - bottom
+    xmax = max(max(s for s, _, _ in r['curve']) for r in runs) or 1
+    # the step-0 estimate (~ln(vocab) = 10.8) would flatten everything else: fit the y axis to the
+    # later points and let the first segment enter from above the plot (clipped)
+    ys = [v for r in runs for s, t, v in r['curve'] if s > 0 or len(r['curve']) == 1]
+    if train:
+        ys += [t for r in runs for s, t, v in r['curve'] if s > 0 or len(r['curve']) == 1]
+    lo = ymin if ymin is not None else min(ys)
+    hi = ymax if ymax is not None else max(ys)
+    if hi <= lo:
+        lo, hi = lo - 0.5, lo + 0.5
+    pad = 0.03 * (hi - lo)
+    lo, hi = (lo if ymin is not None else lo - pad), (hi if ymax is not None else hi + pad)
+    xticks, xstep = nice_ticks(0, xmax)
+    yticks, ystep = nice_ticks(lo, hi)
+    yticks = [t for t in yticks if lo <= t <= hi]
+
+    def px(step):
+        return left + pw * step / xmax
+
+    def py(loss):
+        return top + ph * (hi - loss) / (hi - lo)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+           f'font-family="sans-serif" font-size="12">',
+           f'<rect width="{W}" height="{H}" fill="white"/>',
+           f'<defs><clipPath id="plot"><rect x="{left}" y="{top}" width="{pw}" height="{ph}"/></clipPath></defs>']
+    out.append(f'<text x="{left + pw / 2}" y="{top - 15}" text-anchor="middle" font-size="14">'
+               f'{escape(title or ("train and " if train else "") + "validation loss (eval-mode cross-entropy estimates)")}</text>')
+    # grid and ticks
+    for t in xticks:
+        x = px(t)
+        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + ph}" stroke="#e5e5e5"/>')
+        out.append(f'<text x="{x:.1f}" y="{top + ph + 18}" text-anchor="middle">{fmt_tick(t, xstep)}</text>')
+    for t in yticks:
+        y = py(t)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#e5e5e5"/>')
+        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{fmt_tick(t, ystep)}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
+    out.append(f'<text x="{left + pw / 2}" y="{H - 12}" text-anchor="middle">step</text>')
+    out.append(f'<text transform="translate(18 {top + ph / 2}) rotate(-90)" text-anchor="middle">'
+               f'{"loss (solid: val, dashed: train)" if train else "val loss"}</text>')
+    # one path per run (plus a dashed one per run for the train estimates)
+    for i, r in enumerate(runs):
+        color, dash = COLORS[i % len(COLORS)], DASHES[(i // len(COLORS)) % len(DASHES)]
+        series = [(2, dash)] + ([(1, '4,3')] if train else [])
+        for col, dasharray in series:
+            d = ' '.join(f"{'M' if j == 0 else 'L'}{px(p[0]):.1f},{py(p[col]):.1f}" for j, p in enumerate(r['curve']))
+            da = f' stroke-dasharray="{dasharray}"' if dasharray else ''
+            width = 2 if col == 2 else 1.2
+            out.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{width}"{da} '
+                       f'clip-path="url(#plot)"><title>{escape(r["name"])}</title></path>')
+        # the final value as a dot, so close curves can still be read off
+        s, _, v = r['curve'][-1]
+        if lo <= v <= hi:
+            out.append(f'<circle cx="{px(s):.1f}" cy="{py(v):.1f}" r="3" fill="{color}"/>')
+    # legend, with each run's final val loss
+    for i, r in enumerate(runs):
+        color, dash = COLORS[i % len(COLORS)], DASHES[(i // len(COLORS)) % len(DASHES)]
+        y = top + 10 + 20 * i
+        da = f' stroke-dasharray="{dash}"' if dash else ''
+        out.append(f'<line x1="{left + pw + 15}" y1="{y}" x2="{left + pw + 40}" y2="{y}" stroke="{color}" '
+                   f'stroke-width="2"{da}/>')
+        out.append(f'<text x="{left + pw + 46}" y="{y + 4}">{escape(r["name"])} ({r["val"]:.3f})</text>')
+    out.append('</svg>')
+    return '\n'.join(out) + '\n'
+
+
+def write_atomic(path, text):
+    tmp = path + '.tmp'
+    try:
+        with open(tmp, 'w') as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        die(f"cannot write {path}: {e.strerror}")
+
+
+# -----------------------------------------------------------------------------
+
+if __name__ == '__main__':
+    dirs, opts = parse_args(sys.argv[1:])
+    runs = [load_run(d) for d in dirs]
+    lines = table(runs)
+    groups = seed_groups(runs)
+    md = '\n'.join(lines) + '\n'
+    if groups:
+        md += '\nSeed noise (runs that differ only in the seed):\n\n' + '\n'.join(groups) + '\n'
+    print(md, end='')
+    if opts['md']:
+        write_atomic(opts['md'], md)
+    if opts['svg']:
+        write_atomic(opts['svg'], svg_chart(runs, opts['train'], opts['ymin'], opts['ymax'], opts['title']))

@@ -1,0 +1,159 @@
+"""
+Tests of report.py: fake run directories with hand-written logs (exact numbers), bad input, and one
+real tiny train.py run fed through report.py end to end.
+"""
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+SVG = '{http://www.w3.org/2000/svg}'
+
+
+def run_report(*args):
+    return subprocess.run([PY, 'report.py', *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def write_run(root, name, records, summary=None):
+    d = os.path.join(root, name)
+    os.makedirs(d)
+    with open(os.path.join(d, 'log.jsonl'), 'w') as f:
+        for r in records:
+            f.write(json.dumps(r) + '\n')
+    if summary is not None:
+        with open(os.path.join(d, 'summary.json'), 'w') as f:
+            json.dump(summary, f)
+    return d
+
+
+def fake_records(config, ests, emb, first_step=0, kind='start', steps=None):
+    # ests: [(step, train, val)]; a 'step' record for every step up to the last estimate
+    recs = [{'type': kind, 'step': first_step, 'config': config}]
+    recs += [{'type': 'est', 'step': e[0], 'train': e[1], 'val': e[2], 'tokens': 0, 'time': 0.0}
+             for e in ests if e[0] == first_step and kind == 'start']
+    last = ests[-1][0]
+    for s in range(first_step + 1, last + 1) if steps is None else steps:
+        recs.append({'type': 'step', 'step': s, 'loss': 5.0, 'ce': 4.0, 'emb': emb, 'lr': 1e-3,
+                     'tokens': s * 100, 'time': s * 0.5})
+        for e in ests:
+            if e[0] == s:
+                recs.append({'type': 'est', 'step': s, 'train': e[1], 'val': e[2], 'tokens': s * 100,
+                             'time': s * 0.5})
+    return recs
+
+
+def table_rows(stdout):
+    rows = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        if line.startswith('| ') and cells[0] not in ('run', '---'):
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_table_chart_resume_and_seeds(tmp_path):
+    aed = {'arch': 'aed', 'n_embed': 48, 'seed': 1337, 'out_dir': 'a'}
+    est0 = [(0, 10.8, 10.8)]
+    a = write_run(tmp_path, 'run-aed', fake_records(aed, est0 + [(10, 6.0, 6.5), (20, 5.1234, 5.6789)], 4.138e-9),
+        summary={'status': 'finished', 'params': 1_234_567, 'tokens_seen': 2000, 'wall_time_s': 75.0,
+                 'config': aed})
+    # the same config with another seed: the seed-noise line pairs the two
+    aed2 = dict(aed, seed=2, out_dir='b')
+    b = write_run(tmp_path, 'run-aed-seed2', fake_records(aed2, est0 + [(10, 6.1, 6.6), (20, 5.2, 5.7011)], 5e-9),
+                  summary={'status': 'finished', 'params': 1_234_567, 'tokens_seen': 2000, 'wall_time_s': 70.0,
+                           'config': aed2})
+    # a run killed after step 14 (last checkpoint at 10) and resumed: its steps 11-14 and the estimate
+    # it logged at 12 are superseded by the resumed process's records
+    gpt = {'arch': 'gpt', 'n_embed': 64, 'seed': 1337, 'dropout_rate': 0.0}
+    recs = fake_records(gpt, est0 + [(10, 6.2, 6.4), (12, 1.0, 1.0)], None, steps=range(1, 15))
+    recs += fake_records(gpt, [(20, 5.0, 5.9)], None, first_step=10, kind='resume')
+    recs.append('{"type": "step", "step": 21, "lo')  # a half-written last line (killed mid-write)
+    with open(os.path.join(write_run(tmp_path, 'run-gpt', []), 'log.jsonl'), 'w') as f:
+        f.write('\n'.join(r if isinstance(r, str) else json.dumps(r) for r in recs))
+    c = str(tmp_path / 'run-gpt')  # no summary.json: numbers come from the log
+
+    svg, md = tmp_path / 'chart.svg', tmp_path / 'table.md'
+    p = run_report(a, b, c, f'--svg={svg}', f'--md={md}')
+    assert p.returncode == 0, p.stderr
+    rows = table_rows(p.stdout)
+    assert rows['run-aed'] == ['run-aed', '5.123', '5.679', '4.138e-09', '1,234,567', '1337', '20', '2,000', '1.2 min']
+    assert rows['run-aed-seed2'][1:4] == ['5.200', '5.701', '5.000e-09']
+    g = rows['run-gpt (no summary.json)']
+    assert g[1:7] == ['5.000', '5.900', 'N/A', '?', '1337', '20'] and g[8] == '10 s'
+    assert 'run-aed, run-aed-seed2: the same config with seeds 1337, 2' in p.stdout
+    assert 'mean 5.690, spread 0.022' in p.stdout
+    assert md.read_text() == p.stdout
+
+    root = ET.parse(svg).getroot()
+    assert root.tag == SVG + 'svg'
+    paths = root.findall(f'.//{SVG}path')
+    assert len(paths) == 3  # one val curve per run
+    assert [pth.find(SVG + 'title').text for pth in paths] == ['run-aed', 'run-aed-seed2', 'run-gpt']
+    # the resumed run's curve has the steps 0, 10, 20 (its estimate at 12 was superseded)
+    assert paths[2].get('d').count('L') == 2
+    legend = ' '.join(t.text for t in root.iter(SVG + 'text'))
+    assert 'run-aed (5.679)' in legend and 'run-gpt (5.900)' in legend and 'step' in legend
+
+    p = run_report(a, c, f'--svg={svg}', '--train=True', '--ymin=4', '--ymax=7')
+    assert p.returncode == 0, p.stderr
+    assert len(ET.parse(svg).getroot().findall(f'.//{SVG}path')) == 4  # val + train per run
+    assert not os.path.exists(str(svg) + '.tmp')
+
+
+def test_bad_input(tmp_path):
+    def one_line_error(p, *words):
+        assert p.returncode != 0
+        err = p.stderr.strip()
+        assert err.startswith('error: ') and len(err.splitlines()) == 1 and 'Traceback' not in err, err
+        for w in words:
+            assert w in err, err
+
+    one_line_error(run_report(tmp_path / 'nope'), 'no such run directory')
+    os.makedirs(tmp_path / 'empty')
+    one_line_error(run_report(tmp_path / 'empty'), 'no log.jsonl')
+    d = write_run(tmp_path, 'started', [{'type': 'start', 'step': 0, 'config': {}}])
+    one_line_error(run_report(d), 'no loss estimate')
+    with open(os.path.join(d, 'log.jsonl'), 'w') as f:
+        f.write('garbage\n{"type": "start", "step": 0}\n')
+    one_line_error(run_report(d), 'line 1 is not JSON')
+    one_line_error(run_report(), 'no run directories given')
+    one_line_error(run_report(d, '--svgg=x.svg'), "unknown option '--svgg=x.svg'")
+    one_line_error(run_report(d, '--ymin=low'), '--ymin must be a number')
+
+
+def test_real_training_run_end_to_end(tmp_path):
+    # a tiny AED run of train.py (the tiny data of test_train.py: a repeated random sentence)
+    rng = np.random.default_rng(0)
+    sentence = rng.integers(0, 50257, size=61)
+    os.makedirs(tmp_path / 'tiny')
+    for split, n in (('train', 3000), ('val', 1000)):
+        np.tile(sentence, n // 61 + 1)[:n].astype(np.uint16).tofile(str(tmp_path / 'tiny' / f'{split}.bin'))
+    out = tmp_path / 'out-tiny'
+    args = ['--arch=aed', '--n_layer=1', '--n_embed=16', '--n_head=2', '--context_size=16', '--vocab_size=50257',
+            '--embedding_loss_type=MSE', '--embedding_loss_coeff=8.0', '--sub_pos_embed_to_decoder=YES_NO_LN',
+            '--batch_size=4', '--gradient_accumulation_steps=1', '--lr=3e-3', '--warmup_iters=1',
+            '--lr_decay_iters=1000', '--est_steps=1', '--est_interval=3', '--train_steps=6', '--compile=False',
+            '--dtype=float32', '--device=cpu', '--log_interval=100', f'--data_dir={tmp_path}', '--dataset=tiny',
+            f'--out_dir={out}']
+    p = subprocess.run([PY, 'train.py', *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    summary = json.load(open(out / 'summary.json'))
+    log = [json.loads(line) for line in open(out / 'log.jsonl')]
+    last_est = [r for r in log if r['type'] == 'est'][-1]
+    last_step = [r for r in log if r['type'] == 'step'][-1]
+
+    svg = tmp_path / 'r.svg'
+    p = run_report(out, f'--svg={svg}')
+    assert p.returncode == 0, p.stderr
+    row = table_rows(p.stdout)['out-tiny']
+    assert row[1:7] == [f"{last_est['train']:.3f}", f"{last_est['val']:.3f}", f"{last_step['emb']:.3e}",
+                        f"{summary['params']:,}", '1337', '6']
+    assert row[7] == f"{6 * 4 * 16:,}"
+    paths = ET.parse(svg).getroot().findall(f'.//{SVG}path')
+    assert len(paths) == 1 and paths[0].get('d').count('L') == 2  # estimates at steps 0, 3, 6
