@@ -330,9 +330,9 @@ def main(argv=None):
     p.add_argument("--name", help="dataset name: writes data/<name>/ (default: wikipedia, or the input's name)")
     p.add_argument("--eot", action=argparse.BooleanOptionalAction, default=True,
                    help=f"encode {EOT} in the text as the eot token (default) or, with --no-eot, as plain text")
-    p.add_argument("--val_fraction", type=float, default=0.1)
-    p.add_argument("--min_tokens", type=int, default=1025, help="fewest tokens each split may have")
-    p.add_argument("--out_dir", default=DATA_DIR)
+    p.add_argument("--val_fraction", type=float, default=0.1, help="share of the characters for val (0.1)")
+    p.add_argument("--min_tokens", type=int, default=1025, help="fewest tokens each split may have (1025)")
+    p.add_argument("--out_dir", default=DATA_DIR, help="default: data, like train.py's data_dir")
     p.add_argument("--force", action="store_true", help="redo even when the output is up to date")
     args = p.parse_args(argv)
     try:
