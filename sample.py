@@ -1,0 +1,111 @@
+"""
+Sample from a model trained by train.py (AED or GPT baseline; the checkpoint says which).
+$ python sample.py --out_dir=out-cpu-aed --start="The history of" --num_samples=3
+$ python sample.py --out_dir=out-cpu-baseline --start=FILE:prompt.txt --kv_cache=False
+"""
+import dataclasses
+import os
+import sys
+from contextlib import nullcontext
+
+import torch
+
+from configurator import ConfigError, collect_defaults, load_config
+from model import ModelConfig, build_model
+from tokenizer import get_encoding
+
+# -----------------------------------------------------------------------------
+out_dir = 'out'           # where train.py wrote its checkpoints
+checkpoint = 'best'       # 'best' (lowest val loss) or 'last' -> out_dir/ckpt_{checkpoint}.pt
+start = '\n'              # the prompt, or FILE:path to read it from a file
+num_samples = 3
+max_new_tokens = 200
+temperature = 0.8         # < 1 sharper, > 1 more random
+top_k = 200               # keep the k most likely tokens at each step; 0 = no top-k
+seed = 1337
+device = 'auto'           # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
+dtype = 'auto'            # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere), or name one
+kv_cache = True           # cache attention keys/values; --kv_cache=False recomputes everything per token
+# -----------------------------------------------------------------------------
+DEFAULTS = collect_defaults(globals())
+
+
+def die(msg):
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def first_line(e):
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0] if s else ''}"
+
+
+try:
+    globals().update(load_config(DEFAULTS, sys.argv[1:]))
+except ConfigError as e:
+    die(e)
+if checkpoint not in ('best', 'last'):
+    die(f"checkpoint must be 'best' or 'last', got {checkpoint!r}")
+if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
+    die(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature <= 0:
+    die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature > 0")
+
+if device == 'auto':
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
+if device_type == 'cuda' and not torch.cuda.is_available():
+    die("device cuda asked for, but torch sees no CUDA GPU (use --device=cpu)")
+if dtype == 'auto':
+    dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
+ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
+autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
+torch.manual_seed(seed)
+if device_type == 'cuda':
+    torch.set_float32_matmul_precision('high')
+
+# the model, from the checkpoint alone: its config says which architecture and shape
+ckpt_path = os.path.join(out_dir, f'ckpt_{checkpoint}.pt')
+if not os.path.isfile(ckpt_path):
+    die(f"no checkpoint at {ckpt_path} (train one first, e.g. python train.py config/cpu_aed_mse_possub.py)")
+try:
+    ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=True)
+except Exception as e:
+    die(f"cannot read {ckpt_path}: not a checkpoint written by train.py, or a damaged one ({type(e).__name__})")
+if not isinstance(ckpt, dict) or not isinstance(ckpt.get('config'), dict) or 'model' not in ckpt:
+    die(f"{ckpt_path} is not a checkpoint written by train.py")
+model_keys = [f.name for f in dataclasses.fields(ModelConfig)]
+missing = [k for k in model_keys if k not in ckpt['config']]
+if missing:
+    die(f"{ckpt_path} is incompatible with this model.py: its config lacks {', '.join(missing)}")
+try:
+    model_config = ModelConfig(**{k: ckpt['config'][k] for k in model_keys})
+    model = build_model(model_config)
+    model.load_state_dict(ckpt['model'])
+except (ValueError, TypeError, RuntimeError) as e:
+    die(f"{ckpt_path} is incompatible with this model.py: {first_line(e)}")
+model.eval()
+model.to(device)
+
+# the prompt
+if start.startswith('FILE:'):
+    path = start[len('FILE:'):]
+    try:
+        with open(path, encoding='utf-8') as f:
+            start = f.read()
+    except OSError as e:
+        die(f"cannot read prompt file {path}: {e.strerror}")
+enc = get_encoding()
+start_ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]  # empty prompt: start at <|endoftext|>
+if max(start_ids) >= model_config.vocab_size:
+    die(f"the prompt has token id {max(start_ids)}, but the model's vocab_size is {model_config.vocab_size}")
+x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]  # (1, T)
+
+print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
+      f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}", file=sys.stderr, flush=True)
+with torch.no_grad():
+    with autocast:
+        for _ in range(num_samples):
+            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, kv_cache=kv_cache)
+            print(enc.decode(y[0].tolist()))
+            print('---------------', flush=True)

@@ -1,0 +1,309 @@
+"""
+Tests of configurator.py, train.py and sample.py. The scripts run as users run them (subprocesses)
+on tiny models and tiny generated data, so the whole file takes well under two minutes on 2 cores.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from configurator import ConfigError, collect_defaults, load_config
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+
+# a tiny AED model (with the MSE embedding loss and the positional subtraction) on a tiny corpus
+TINY = ['--arch=aed', '--vocab_size=1024', '--n_layer=1', '--n_embed=16', '--n_head=2', '--context_size=16',
+        '--embedding_loss_type=MSE', '--sub_pos_embed_to_decoder=YES_NO_LN',
+        '--batch_size=4', '--gradient_accumulation_steps=2', '--lr=3e-3', '--warmup_iters=2',
+        '--lr_decay_iters=1000', '--est_steps=2', '--compile=False', '--dtype=float32', '--device=cpu']
+
+
+# ----------------------------------------------------------------------------- configurator
+DEFAULTS = {'lr': 9e-4, 'batch_size': 50, 'compile': True, 'out_dir': 'out', 'detach_type': None,
+            'gradient_accumulation_steps': 16}
+
+
+def test_cli_values_types_and_order(tmp_path):
+    cfg = tmp_path / 'c.py'
+    cfg.write_text("import math\nlr = 1\nbatch_size = 8\n_helper = 3\nout_dir = 'out-' + str(math.floor(2.5))\n")
+    c = load_config(DEFAULTS, [str(cfg), '--batch_size=4', '--compile=false', '--detach_type=ENCODER_OUT'])
+    assert c['lr'] == 1.0 and isinstance(c['lr'], float)  # int accepted for a float key
+    assert c['batch_size'] == 4  # the command line wins over the file before it
+    assert c['compile'] is False and c['out_dir'] == 'out-2' and c['detach_type'] == 'ENCODER_OUT'
+    assert load_config(DEFAULTS, ['--out_dir=a=b=c'])['out_dir'] == 'a=b=c'  # split on the first '='
+    assert load_config(DEFAULTS, ['--out_dir=2024'])['out_dir'] == '2024'  # str keys keep the text
+    assert load_config(DEFAULTS, ['--detach_type=None'])['detach_type'] is None
+    assert load_config(DEFAULTS, ['--lr=3e-4'])['lr'] == 3e-4
+    assert DEFAULTS['batch_size'] == 50  # defaults untouched
+
+
+@pytest.mark.parametrize('argv, words', [
+    (['--gradient_acumulation_steps=2'], ["unknown config key 'gradient_acumulation_steps'",
+                                          "did you mean 'gradient_accumulation_steps'"]),
+    (['--batch_size=2.5'], ['batch_size', 'expected int', 'float']),
+    (['--batch_size=True'], ['batch_size', 'expected int', 'bool']),
+    (['--lr=fast'], ['lr', 'expected float', 'str']),
+    (['--compile=yes'], ['compile', 'expected bool']),
+    (['--lr'], ['expected --key=value']),
+    (['no/such/config.py'], ['config file not found: no/such/config.py']),
+])
+def test_config_errors(argv, words):
+    with pytest.raises(ConfigError) as e:
+        load_config(DEFAULTS, argv)
+    msg = str(e.value)
+    assert '\n' not in msg
+    for w in words:
+        assert w in msg
+
+
+def test_config_file_errors(tmp_path):
+    bad = tmp_path / 'bad.py'
+    bad.write_text("batch_sise = 8\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'batch_sise' in .*did you mean 'batch_size'"):
+        load_config(DEFAULTS, [str(bad)])
+    bad.write_text("lr = 'high'\n")
+    with pytest.raises(ConfigError, match=r"lr in .*expected float"):
+        load_config(DEFAULTS, [str(bad)])
+    bad.write_text("lr = = 1\n")
+    with pytest.raises(ConfigError, match=r"bad.py:1: syntax error"):
+        load_config(DEFAULTS, [str(bad)])
+
+
+def test_collect_defaults():
+    ns = {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None, '_private': 1, 'os': os, 'fn': len, 'lst': [1]}
+    assert collect_defaults(ns) == {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None}
+
+
+def test_every_config_file_loads():
+    # each shipped config names only known keys with the right types, and builds a valid ModelConfig
+    import dataclasses
+    from model import ModelConfig
+    defaults = script_defaults()
+    for name in sorted(os.listdir(os.path.join(ROOT, 'config'))):
+        if name.endswith('.py'):
+            c = load_config(defaults, [os.path.join(ROOT, 'config', name)])
+            ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)})
+
+
+def script_defaults():
+    # train.py's DEFAULTS, without running it: exec the block between its first two '# ---' lines
+    import dataclasses
+    from model import ModelConfig
+    src = open(os.path.join(ROOT, 'train.py')).read()
+    head = src.split('\n# ' + '-' * 77 + '\n')[1]
+    ns = {'dataclasses': dataclasses, 'ModelConfig': ModelConfig, 'collect_defaults': collect_defaults}
+    exec(head, ns)
+    return ns['DEFAULTS']
+
+
+def test_author_configs_param_counts():
+    from model import ModelConfig, build_model
+    import dataclasses
+    defaults = script_defaults()
+    expect = {'aed_mse_possub': 15_763_500, 'baseline': 16_036_800, 'baseline_small': 15_441_192,
+              'baseline_dropout': 16_036_800}
+    for name, n in expect.items():
+        c = load_config(defaults, [os.path.join(ROOT, 'config', name + '.py')])
+        m = build_model(ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)}))
+        assert m.get_num_params() == n, name
+
+
+# ----------------------------------------------------------------------------- helpers
+# one thread per process: tiny models gain nothing from two, and lose a lot when the cores are busy
+ENV = dict(os.environ, OMP_NUM_THREADS='1')
+
+
+def run(script, *args, timeout=120):
+    return subprocess.run([PY, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def make_data(root, n_train=6000, n_val=1500):
+    # a fixed random 61-token "sentence", repeated: learnable in a few dozen steps (ids < TINY's vocab_size)
+    rng = np.random.default_rng(0)
+    sentence = rng.integers(0, 1024, size=61)
+    d = os.path.join(root, 'tiny')
+    os.makedirs(d, exist_ok=True)
+    for split, n in (('train', n_train), ('val', n_val)):
+        seq = np.tile(sentence, n // 61 + 1)[:n].astype(np.uint16)
+        seq.tofile(os.path.join(d, f'{split}.bin'))
+    return str(root)
+
+
+def read_log(out_dir):
+    with open(os.path.join(out_dir, 'log.jsonl')) as f:
+        return [json.loads(line) for line in f]
+
+
+def load_ckpt(out_dir, name='last'):
+    return torch.load(os.path.join(out_dir, f'ckpt_{name}.pt'), map_location='cpu', weights_only=True)
+
+
+def assert_one_line_error(p, *words):
+    assert p.returncode == 1, p.stdout + p.stderr
+    err = p.stderr.strip()
+    assert 'Traceback' not in err and len(err.splitlines()) == 1, err
+    assert err.startswith('error: '), err
+    for w in words:
+        assert w in err, err
+
+
+def same_weights(a, b, atol):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=0, atol=atol), (k, (a[k] - b[k]).abs().max())
+
+
+# ----------------------------------------------------------------------------- script errors
+def test_script_errors_are_one_line(tmp_path):
+    # what the parser catches is tested above; here: the scripts turn every bad input into one line
+    p = run('train.py', '--lrr=1')
+    assert_one_line_error(p, "unknown config key 'lrr'", "did you mean 'lr'")
+    p = run('train.py', '--arch=bert')
+    assert_one_line_error(p, 'model config', 'arch')
+    p = run('train.py', *TINY, f'--data_dir={tmp_path}', f'--out_dir={tmp_path}/out')
+    assert_one_line_error(p, os.path.join(str(tmp_path), 'wikipedia', 'train.bin'), 'run python prepare.py')
+    p = run('train.py', *TINY, f'--out_dir={tmp_path}/none', '--init_from=resume')
+    assert_one_line_error(p, 'no checkpoint at')
+    p = run('sample.py', f'--out_dir={tmp_path}/none', '--num_samples=2')
+    assert_one_line_error(p, 'no checkpoint at')
+    os.makedirs(tmp_path / 'junk')
+    (tmp_path / 'junk' / 'ckpt_best.pt').write_bytes(b'not a checkpoint')
+    p = run('sample.py', f'--out_dir={tmp_path}/junk')
+    assert_one_line_error(p, 'cannot read', 'not a checkpoint written by train.py')
+
+
+# ----------------------------------------------------------------------------- training runs
+def test_train_kill_resume_sample(tmp_path):
+    """An uninterrupted run and a run killed with kill -9 then resumed end with the same weights."""
+    data = make_data(tmp_path)
+    common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=40', '--est_interval=10',
+                     '--save_interval=5', '--log_interval=10']
+    full = str(tmp_path / 'full')
+    p = run('train.py', *common, f'--out_dir={full}')
+    assert p.returncode == 0, p.stderr
+    assert 'train loss' in p.stdout and 'val loss' in p.stdout and 'tok/s' in p.stdout and 'emb' in p.stdout
+    log = read_log(full)
+    steps = [r for r in log if r['type'] == 'step']
+    ests = [r for r in log if r['type'] == 'est']
+    assert [r['step'] for r in steps] == list(range(1, 41))  # every step is in the log
+    assert [r['step'] for r in ests] == [0, 10, 20, 30, 40]
+    assert all(r['emb'] is not None and r['ce'] > 0 and r['loss'] > r['ce'] for r in steps)
+    assert ests[-1]['val'] < ests[0]['val'] - 1.0  # it learns
+    summary = json.load(open(os.path.join(full, 'summary.json')))
+    assert summary['status'] == 'finished' and summary['step'] == 40
+    assert summary['tokens_seen'] == 40 * 4 * 2 * 16 and summary['params'] > 0
+    assert summary['best_val_loss'] == min(r['val'] for r in ests)
+    assert load_ckpt(full, 'best')['best_val_loss'] == summary['best_val_loss']
+
+    # the same run, killed mid-way with SIGKILL
+    killed = str(tmp_path / 'killed')
+    proc = subprocess.Popen([PY, 'train.py', *common, f'--out_dir={killed}'], cwd=ROOT, env=ENV,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 90
+    while time.time() < deadline and proc.poll() is None:
+        if os.path.exists(os.path.join(killed, 'log.jsonl')):
+            if any(r['type'] == 'step' and r['step'] >= 17 for r in read_log(killed)):
+                break
+        time.sleep(0.05)
+    assert proc.poll() is None, 'the run ended before it could be killed: ' + proc.stderr.read()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpt = load_ckpt(killed)
+    assert 15 <= ckpt['step'] < 40 and ckpt['step'] % 5 == 0
+    p = run('train.py', *common, f'--out_dir={killed}', '--init_from=resume')
+    assert p.returncode == 0, p.stderr
+    assert f"resuming from {os.path.join(killed, 'ckpt_last.pt')} at step {ckpt['step']}" in p.stdout
+    final = load_ckpt(killed)
+    assert final['step'] == 40
+    same_weights(load_ckpt(full)['model'], final['model'], atol=1e-5)
+    assert json.load(open(os.path.join(killed, 'summary.json')))['status'] == 'finished'
+
+    # a resume needs only out_dir: the rest of the config comes from the checkpoint
+    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--train_steps=42', '--device=cpu')
+    assert p.returncode == 0, p.stderr
+    assert load_ckpt(killed)['step'] == 42
+    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--n_embed=32')
+    assert_one_line_error(p, 'cannot change n_embed when resuming')
+
+    # sample from it, with and without the KV cache
+    prompt = tmp_path / 'prompt.txt'
+    prompt.write_text('The first of the')  # GPT-2 ids 464, 717, 286, 262: all < vocab_size 1024
+    outs = []
+    for kv in ('True', 'False'):
+        p = run('sample.py', f'--out_dir={killed}', f'--start=FILE:{prompt}', '--num_samples=2',
+                '--max_new_tokens=20', '--device=cpu', '--top_k=0', f'--kv_cache={kv}')
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.count('---------------') == 2 and p.stdout.startswith('The first of the')
+        outs.append(p.stdout)
+    assert outs[0] == outs[1]  # same seed, same samples: the cache changes speed, not results
+
+
+def test_nan_loss_stops_without_saving(tmp_path):
+    """A NaN loss stops the run with a clear message; the last good checkpoint stays as it was."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    # make the model's loss NaN from the 13th optimizer step on (2 micro-steps per step)
+    wrapper = tmp_path / 'nan_train.py'
+    wrapper.write_text(f'''
+import runpy, sys
+sys.path.insert(0, {ROOT!r})
+import model
+build = model.build_model
+def build_nan(cfg):
+    m = build(cfg)
+    forward, calls = m.forward, [0]
+    def nan_forward(*args, **kwargs):
+        logits, loss = forward(*args, **kwargs)
+        if m.training:
+            calls[0] += 1
+            if calls[0] > 24:
+                loss = loss * float('nan')
+        return logits, loss
+    m.forward = nan_forward
+    return m
+model.build_model = build_nan
+sys.argv = ['train.py'] + sys.argv[1:]
+runpy.run_path('train.py', run_name='__main__')
+''')
+    args = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=40', '--est_interval=5',
+                   f'--out_dir={out}']
+    p = subprocess.run([PY, str(wrapper), *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+    assert_one_line_error(p, 'training loss is nan at step 12', 'stopped without saving')
+    ckpt = load_ckpt(out)
+    assert ckpt['step'] == 10
+    assert all(torch.isfinite(v).all() for v in ckpt['model'].values())
+    log = read_log(out)
+    assert log[-1]['type'] == 'stop' and max(r['step'] for r in log if r['type'] == 'step') == 12
+    assert json.load(open(os.path.join(out, 'summary.json')))['status'].startswith('stopped')
+
+
+def test_torchrun_two_processes_match_one(tmp_path):
+    """2 gloo ranks x 1 micro-step == 1 process x 2 micro-steps: different batches per rank,
+    gradients averaged once per step."""
+    data = make_data(tmp_path)
+    common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=6', '--est_interval=3']
+    one = str(tmp_path / 'one')
+    p = run('train.py', *common, f'--out_dir={one}')
+    assert p.returncode == 0, p.stderr
+    two = str(tmp_path / 'two')
+    p = subprocess.run([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+                        *common, f'--out_dir={two}'], cwd=ROOT, capture_output=True, text=True, timeout=180,
+                       env=ENV)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert '2 process(es)' in p.stdout and p.stdout.count('step 6/6') == 1  # only rank 0 logs
+    a, b = load_ckpt(one), load_ckpt(two)
+    assert b['step'] == 6
+    same_weights(a['model'], b['model'], atol=1e-4)
+    # and the ranks did not draw the same batch: rank 0's batch alone gives other weights
+    same = str(tmp_path / 'same')
+    p = run('train.py', *common, '--gradient_accumulation_steps=1', f'--out_dir={same}')
+    assert p.returncode == 0, p.stderr
+    c = load_ckpt(same)
+    assert max((b['model'][k] - c['model'][k]).abs().max() for k in c['model']) > 1e-3
