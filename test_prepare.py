@@ -66,6 +66,18 @@ def test_offline_tokenizer_is_gpt2():
     assert tokenizer.get_encoding().encode_ordinary(text) == enc.encode_ordinary(text)
 
 
+def test_normal_path_cannot_hang_and_cached_files_skip_it(monkeypatch):
+    import time, tiktoken
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: time.sleep(3))  # a network that drops packets
+    t0 = time.time()
+    assert tokenizer._tiktoken_gpt2(timeout=0.2) is None and time.time() - t0 < 1
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: 1 / 0)  # a network that fails fast
+    assert tokenizer._tiktoken_gpt2() is None
+    tokenizer.offline_encoding()  # cached now, so get_encoding uses the files without trying tiktoken's path
+    monkeypatch.setattr(tokenizer, "_tiktoken_gpt2", lambda: pytest.fail("tried the network"))
+    assert tokenizer.get_encoding.__wrapped__().encode("Hello world") == [15496, 995]
+
+
 def test_wheel_hash_mismatch(tmp_path, monkeypatch):
     monkeypatch.setenv("AED_CACHE_DIR", str(tmp_path))
     (tmp_path / "some-pkg-1.0").mkdir()
