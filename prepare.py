@@ -151,19 +151,6 @@ def pieces(blocks, split_at, at_separator):
             pos, buf = pos + p, buf[p:]
 
 
-def batches(pieces, size):
-    # group pieces of the same split into lists of `size` texts for the batch encoder
-    batch, batch_split = [], 0
-    for split, text in pieces:
-        if batch and (split != batch_split or len(batch) >= size):
-            yield batch_split, batch
-            batch = []
-        batch.append(text)
-        batch_split = split
-    if batch:
-        yield batch_split, batch
-
-
 def encode_to(files, path, split_at, eot, at_separator, total_bytes, log):
     """Second pass: encode the pieces in parallel with tiktoken's batch API and append the uint16 ids
     to files (train, val). Returns the token counts."""
@@ -183,15 +170,16 @@ def encode_to(files, path, split_at, eot, at_separator, total_bytes, log):
     # one background thread runs the encoder (itself `threads` wide) on batch k, while this thread
     # reads and cuts batch k+1 and writes batch k-1: the Python-side work hides behind the encoding
     with ThreadPoolExecutor(1) as pool:
-        pending = None
-        for split, batch in batches(pieces(read_text(path, progress), split_at, at_separator), 2 * threads):
-            future = pool.submit(encode, batch)
-            if pending:
-                write(*pending)
-            pending = (split, future)
-            if time.time() - last_log > 2:
-                last_log, mb, dt = time.time(), progress[0] / 1e6, time.time() - t0
-                log(f"{mb:,.1f}/{total_bytes / 1e6:,.1f} MB, {mb / dt:.1f} MB/s, {sum(counts):,} tokens")
+        pending, stream = None, pieces(read_text(path, progress), split_at, at_separator)
+        for split, group in itertools.groupby(stream, key=lambda piece: piece[0]):
+            while batch := [text for _, text in itertools.islice(group, 2 * threads)]:  # all one split
+                future = pool.submit(encode, batch)
+                if pending:
+                    write(*pending)
+                pending = (split, future)
+                if time.time() - last_log > 2:
+                    last_log, mb, dt = time.time(), progress[0] / 1e6, time.time() - t0
+                    log(f"{mb:,.1f}/{total_bytes / 1e6:,.1f} MB, {mb / dt:.1f} MB/s, {sum(counts):,} tokens")
         if pending:
             write(*pending)
     return counts

@@ -118,7 +118,8 @@ def test_pieces_encode_like_whole_text(tmp_path, monkeypatch, enc):
 
 # --- prepare: split, round trip, eot placement -----------------------------------------------------
 
-def test_no_eot_is_the_authors_split(tmp_path, enc):
+def test_no_eot_is_the_authors_split(tmp_path, monkeypatch, enc):
+    monkeypatch.setattr(prepare, "CHUNK", 500)  # many pieces and batches on both sides of the split
     text = "\n".join(make_docs(300)) + EOT + "tail"  # with --no-eot the separator is plain text
     meta = run(write(tmp_path / "a.txt", text), tmp_path, eot=False)
     train, val = bins(tmp_path, "t")
@@ -130,7 +131,8 @@ def test_no_eot_is_the_authors_split(tmp_path, enc):
     assert meta["vocab_size"] == 50257 and meta["fingerprint"]["eot"] is False
 
 
-def test_eot_between_documents_and_clean_split(tmp_path, enc):
+def test_eot_between_documents_and_clean_split(tmp_path, monkeypatch, enc):
+    monkeypatch.setattr(prepare, "CHUNK", 500)
     docs = make_docs(200, seed=1)
     text = EOT.join(docs)
     meta = run(write(tmp_path / "d.txt", text), tmp_path)
