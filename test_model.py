@@ -1,0 +1,805 @@
+"""
+Tests of model.py, in the style of minGPT's: the model's logits and losses are compared against a second,
+deliberately plain implementation of SPEC.md (explicit LayerNorm, explicit masked softmax per head, Python
+loops for the cumulative mean of the embedding loss), run in float64 on the model's own parameters.
+
+    python -m pytest -q test_model.py
+
+Everything runs tiny models (vocab 64, n_embed 32, 2 layers, context 8-16) except the parameter-count tests,
+which only construct the full-size models.
+"""
+
+import dataclasses
+import math
+import os
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model as model_module
+from model import ModelConfig, build_model
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny tensors: extra threads only add overhead, and on a busy shared machine a lot of it (30x measured)
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# -----------------------------------------------------------------------------
+# reference implementation of SPEC.md. p maps model.named_parameters() names to float64 tensors.
+# Shapes: B batch, T time, C n_embed, V vocab.
+
+
+def ref_layer_norm(x, p, name, bias):
+    # x: (..., C). LayerNorm with eps 1e-5 and the biased variance; bias only when the SPEC says so
+    assert (name + ".bias" in p) == bias, f"{name}: bias should {'' if bias else 'not '}exist"
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    y = (x - mu) / torch.sqrt(var + 1e-5) * p[name + ".weight"]
+    return y + p[name + ".bias"] if bias else y
+
+
+def ref_linear(x, p, name, bias):
+    # x: (..., C_in) -> (..., C_out); weight (C_out, C_in)
+    assert (name + ".bias" in p) == bias, f"{name}: bias should {'' if bias else 'not '}exist"
+    y = x @ p[name + ".weight"].T
+    return y + p[name + ".bias"] if bias else y
+
+
+def ref_attention(q, k, v, n_head):
+    # q, k, v: (B, T, C) -> (B, T, C). Causal: query t attends to keys 0..t only. One head at a time.
+    B, T, C = q.shape
+    hs = C // n_head
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T): [t, s] is s <= t
+    heads = []
+    for h in range(n_head):
+        qh, kh, vh = (x[:, :, h * hs:(h + 1) * hs] for x in (q, k, v))  # (B, T, hs)
+        scores = qh @ kh.transpose(1, 2) / math.sqrt(hs)  # (B, T, T)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        w = torch.exp(scores - scores.max(-1, keepdim=True).values)
+        w = w / w.sum(-1, keepdim=True)  # softmax over keys
+        heads.append(w @ vh)  # (B, T, hs)
+    return torch.cat(heads, dim=-1)  # (B, T, C)
+
+
+def ref_gelu(x):
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))  # exact GELU
+
+
+def ref_block(x, p, pre, cfg, enc=None):
+    # x: (B, T, C). Pre-LN block; with enc (B, T, C) an AED decoder block with causal cross-attention.
+    C, bias = cfg.n_embed, cfg.use_bias
+
+    def self_attn(x):
+        q, k, v = ref_linear(ref_layer_norm(x, p, pre + "ln_1", bias), p, pre + "attn.c_attn", bias).split(C, -1)
+        return ref_linear(ref_attention(q, k, v, cfg.n_head), p, pre + "attn.c_proj", bias)
+
+    def cross_attn(x):
+        cb = cfg.cross_attn_use_bias
+        q = ref_linear(ref_layer_norm(x, p, pre + "ln_q", bias), p, pre + "cross_attn.q_proj", cb)
+        k, v = ref_linear(ref_layer_norm(enc, p, pre + "ln_kv", bias), p, pre + "cross_attn.kv_proj", cb).split(C, -1)
+        return ref_linear(ref_attention(q, k, v, cfg.cross_attn_n_head), p, pre + "cross_attn.c_proj", cb)
+
+    if enc is not None and cfg.order_type == "ALT":
+        x = x + cross_attn(x)
+    x = x + self_attn(x)
+    if enc is not None and cfg.order_type == "ORIGINAL":
+        x = x + cross_attn(x)
+    h = ref_gelu(ref_linear(ref_layer_norm(x, p, pre + "ln_2", bias), p, pre + "mlp.c_fc", bias))  # (B, T, 4C)
+    return x + ref_linear(h, p, pre + "mlp.c_proj", bias)
+
+
+def ref_embedding_loss(E, enc, p, cfg):
+    # E, enc: (B, T, C), already detached as detach_type says. SPEC §3, written out with loops.
+    B, T, C = E.shape
+    if cfg.use_ln_on_encoder_out:
+        enc = ref_layer_norm(enc, p, "ln_b", True)  # the loss LayerNorms always have a bias
+    if cfg.embedding_ln_type == "INIT":
+        E = ref_layer_norm(E, p, "ln_a", True)
+    rows = []  # avg[b, t] = (E[b, 0] + ... + E[b, t]) / (t + 1)
+    for b in range(B):
+        for t in range(T):
+            s = torch.zeros(C, dtype=E.dtype)
+            for j in range(t + 1):
+                s = s + E[b, j]
+            rows.append(s / (t + 1))
+    avg = torch.stack(rows).view(B, T, C)
+    if cfg.embedding_ln_type == "AVG_CUM_SUM":
+        avg = ref_layer_norm(avg, p, "ln_a", True)
+    terms = []  # one per (b, t)
+    for b in range(B):
+        for t in range(T):
+            a, e = avg[b, t], enc[b, t]  # (C,)
+            if cfg.embedding_loss_type == "MSE":
+                terms.append(((a - e) ** 2).sum() / C)
+            else:
+                cos = (a * e).sum() / (torch.sqrt((a * a).sum()) * torch.sqrt((e * e).sum()))
+                if cfg.embedding_loss_type == "COSINE":
+                    terms.append(1 - (cos + 1) / 2)
+                else:  # LOG_COSINE
+                    terms.append(-torch.log((cos + 1) / 2))
+    return torch.stack(terms).mean()
+
+
+def ref_forward(p, cfg, idx, targets, training):
+    """SPEC §2 (GPT) and §3 (AED) with dropout 0. Returns a dict of logits (B, T, V), ce, emb, loss, E, enc."""
+    B, T = idx.shape
+    wte, wpe = p["wte.weight"], p["wpe.weight"]
+    E = wte[idx] + wpe[:T]  # (B, T, C), positions 0..T-1
+    x = E
+    for i in range(cfg.n_layer):
+        x = ref_block(x, p, f"blocks.{i}.", cfg)
+    enc = None
+    if cfg.arch == "gpt":
+        out = ref_layer_norm(x, p, "ln_f", cfg.use_bias)
+    else:
+        enc = x  # no final LayerNorm on the encoder
+        h = ref_layer_norm(enc, p, "ln_bridge", cfg.use_bias) if cfg.add_ln_before_decoder_ff else enc
+        dec = ref_linear(h, p, "bridge", cfg.use_bias)
+        if cfg.add_pos_embed_to_decoder:
+            dec = dec + wpe[1:T + 1]  # positions of the next tokens
+        for i in range(cfg.n_layer):
+            dec = ref_block(dec, p, f"decoder_blocks.{i}.", cfg, enc=enc)
+        out = ref_layer_norm(dec, p, "ln_f", cfg.use_bias)  # ln_f before the subtraction
+        if cfg.sub_pos_embed_to_decoder != "NO":
+            out = out - wpe[1:T + 1]
+            if cfg.sub_pos_embed_to_decoder == "YES_LN":
+                out = ref_layer_norm(out, p, "ln_post", cfg.use_bias)
+    logits = out @ wte.T  # (B, T, V), tied head without bias
+    flat, tgt = logits.reshape(B * T, -1), targets.reshape(-1)
+    m = flat.max(-1).values
+    lse = m + torch.log(torch.exp(flat - m[:, None]).sum(-1))  # (B*T,)
+    ce = (lse - flat[torch.arange(B * T), tgt]).mean()
+    emb, loss = None, ce
+    if training and cfg.arch == "aed" and cfg.embedding_loss_type != "NONE":
+        E_l = E.detach() if cfg.detach_type == "EMBEDDING" else E
+        enc_l = enc.detach() if cfg.detach_type == "ENCODER_OUT" else enc
+        emb = ref_embedding_loss(E_l, enc_l, p, cfg)
+        loss = ce + cfg.embedding_loss_coeff * emb
+    return dict(logits=logits, ce=ce, emb=emb, loss=loss, E=E, enc=enc)
+
+
+def ref_params(model, requires_grad=False):
+    return {n: t.detach().double().requires_grad_(requires_grad) for n, t in model.named_parameters()}
+
+
+# -----------------------------------------------------------------------------
+# helpers
+
+
+def tiny(arch="aed", **kw):
+    """A tiny ModelConfig; kw overrides."""
+    base = dict(arch=arch, vocab_size=64, context_size=16, n_embed=32, n_layer=2, n_head=4)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def make(cfg, seed=0, scramble=True):
+    """build_model with a fixed seed. scramble moves every parameter off its init (LayerNorm weights off 1,
+    biases off 0) so that a parameter used in the wrong place, or not at all, shows in the outputs."""
+    torch.manual_seed(seed)
+    m = build_model(cfg)
+    if scramble:
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    return m
+
+
+def batch(cfg, B=2, T=None, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    T = T or cfg.context_size
+    x = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    y = torch.randint(0, cfg.vocab_size, (B, T), generator=g)
+    return x, y
+
+
+def grads(model):
+    return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+
+
+def load_config_file(name):
+    """A config/*.py file (flat `key = value` lines) -> ModelConfig of its model keys."""
+    path = os.path.join(HERE, "config", name)
+    assert os.path.exists(path), f"{path} does not exist"
+    ns = {}
+    with open(path) as f:
+        exec(f.read(), ns)
+    return ModelConfig(**{k: v for k, v in ns.items() if k in MODEL_KEYS})
+
+
+_full_models = {}
+
+
+def full_model(cfg):
+    # the full-size models take a moment to build: build each distinct config once
+    key = repr(cfg)
+    if key not in _full_models:
+        torch.manual_seed(0)
+        _full_models[key] = build_model(cfg)
+    return _full_models[key]
+
+
+BASELINE = dict(arch="gpt", n_embed=160, n_layer=26, n_head=10, context_size=200)
+BASELINE_SMALL = dict(arch="gpt", n_embed=156, n_layer=26, n_head=12, context_size=200)
+AED_MSE_POSSUB = dict(arch="aed", n_embed=150, n_layer=13, n_head=5, cross_attn_n_head=10, cross_attn_use_bias=False,
+                      context_size=200, embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="ENCODER_OUT",
+                      embedding_ln_type="INIT", use_ln_on_encoder_out=True, sub_pos_embed_to_decoder="YES_NO_LN")
+
+# -----------------------------------------------------------------------------
+# parameter counts (SPEC §2, §3)
+
+
+@pytest.mark.parametrize("fname,expected", [
+    ("baseline.py", 16_036_800),
+    ("baseline_small.py", 15_441_192),
+    ("aed_mse_possub.py", 15_763_500),
+])
+def test_param_count_config_files(fname, expected):
+    """The reproduction configs in config/ give the author's exact parameter counts (vocab 50257, no padding)."""
+    cfg = load_config_file(fname)
+    assert cfg.vocab_size == 50257
+    assert full_model(cfg).get_num_params() == expected
+
+
+@pytest.mark.parametrize("kw,expected", [
+    (BASELINE, 16_036_800),
+    (BASELINE_SMALL, 15_441_192),
+    (AED_MSE_POSSUB, 15_763_500),
+])
+def test_param_count_by_hand(kw, expected):
+    """Same counts from hand-built configs; get_num_params = all parameters, tied wte once, minus wpe."""
+    m = full_model(ModelConfig(**kw))
+    assert m.get_num_params() == expected
+    total = sum(p.numel() for p in m.parameters())  # parameters() yields the tied matrix once
+    assert m.get_num_params() == total - m.wpe.weight.numel()
+
+
+def test_param_breakdown_aed():
+    """SPEC §3 per-part breakdown: encoder block 270,300, decoder block 360,600, bridge 22,500, ln_f 150,
+    ln_a 300, ln_b 300, wte 7,538,550; wpe has context_size + 1 rows (pos sub is on)."""
+    m = full_model(ModelConfig(**AED_MSE_POSSUB))
+    sizes = {}
+    for n, p in m.named_parameters():
+        parts = n.split(".")
+        key = ".".join(parts[:2]) if parts[0] in ("blocks", "decoder_blocks") else parts[0]
+        sizes[key] = sizes.get(key, 0) + p.numel()
+    for i in range(13):
+        assert sizes.pop(f"blocks.{i}") == 270_300  # 12C^2 + 2C
+        assert sizes.pop(f"decoder_blocks.{i}") == 360_600  # 16C^2 + 4C
+    assert sizes == {"wte": 7_538_550, "wpe": 201 * 150, "bridge": 22_500, "ln_f": 150, "ln_a": 300, "ln_b": 300}
+
+
+def test_flops_per_token_gpt():
+    """nanoGPT's estimate for the baseline: 6 N + 12 * n_layer * C * T at T = context_size."""
+    m = full_model(ModelConfig(**BASELINE))
+    assert m.flops_per_token() == 6 * 16_036_800 + 12 * 26 * 160 * 200
+
+
+def test_param_breakdown_gpt():
+    """SPEC §2: a baseline block has 12C^2 + 2C parameters; wpe has exactly context_size rows."""
+    m = full_model(ModelConfig(**BASELINE))
+    C = 160
+    for i in range(26):
+        assert sum(p.numel() for p in m.blocks[i].parameters()) == 12 * C * C + 2 * C
+    assert tuple(m.wpe.weight.shape) == (200, C)
+    assert m.get_num_params() == 50257 * C + 26 * (12 * C * C + 2 * C) + C
+
+
+# -----------------------------------------------------------------------------
+# forward against the reference implementation
+
+
+FORWARD_VARIANTS = [
+    dict(arch="gpt"),
+    dict(arch="gpt", use_bias=True),
+    dict(),
+    dict(order_type="ALT"),
+    dict(add_ln_before_decoder_ff=True),
+    dict(add_pos_embed_to_decoder=True),
+    dict(sub_pos_embed_to_decoder="YES_NO_LN"),
+    dict(sub_pos_embed_to_decoder="YES_LN"),
+    dict(use_bias=True),
+    dict(cross_attn_use_bias=True),
+    dict(use_bias=True, cross_attn_use_bias=False),
+    dict(cross_attn_n_head=2),
+    dict(order_type="ALT", add_ln_before_decoder_ff=True, add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN",
+         use_bias=True, cross_attn_n_head=8, embedding_loss_type="MSE", embedding_loss_coeff=8.0),
+]
+
+
+@pytest.mark.parametrize("kw", FORWARD_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+def test_forward_matches_reference(kw):
+    """Logits and ce of both architectures and every forward option match the plain float64 reimplementation
+    of SPEC §2/§3 (linear bridge, ln_kv per decoder block, causal cross-attention, ORIGINAL/ALT order, LN before
+    the bridge, wpe[1..T] added after the bridge / subtracted after ln_f, ln_post), in eval and train mode."""
+    cfg = tiny(context_size=8, **kw)
+    m = make(cfg)
+    x, y = batch(cfg)
+    p = ref_params(m)
+    for training in (False, True):
+        m.train(training)
+        logits, loss = m(x, y)
+        ref = ref_forward(p, cfg, x, y, training)
+        torch.testing.assert_close(logits.double(), ref["logits"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(m.last_ce.double(), ref["ce"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loss.double(), ref["loss"], atol=1e-5, rtol=1e-5)
+
+
+LOSS_VARIANTS = [dict(embedding_loss_type=t, embedding_ln_type=ln, use_ln_on_encoder_out=u)
+                 for t in ("MSE", "COSINE", "LOG_COSINE") for ln in ("INIT", "AVG_CUM_SUM", "NONE") for u in (True, False)]
+
+
+@pytest.mark.parametrize("kw", LOSS_VARIANTS, ids=lambda kw: "-".join(str(v) for v in kw.values()))
+def test_embedding_loss_matches_reference(kw):
+    """The embedding loss (cumulative mean of E vs enc; MSE / COSINE / LOG_COSINE; ln_a at INIT, after the
+    average, or none; ln_b on enc or not) matches the loop implementation, and total = ce + coeff * emb."""
+    cfg = tiny(context_size=8, embedding_loss_coeff=3.0, sub_pos_embed_to_decoder="YES_NO_LN", **kw)
+    m = make(cfg).train()
+    x, y = batch(cfg)
+    _, loss = m(x, y)
+    ref = ref_forward(ref_params(m), cfg, x, y, training=True)
+    torch.testing.assert_close(m.last_embedding_loss.double(), ref["emb"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(m.last_ce.double(), ref["ce"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss.double(), ref["ce"] + 3.0 * ref["emb"], atol=1e-5, rtol=1e-5)
+    assert ref["emb"].item() > 1e-3  # not vacuous
+
+
+@pytest.mark.parametrize("ln_type", ["INIT", "NONE"])
+def test_embedding_loss_uses_E_after_dropout(ln_type):
+    """SPEC §3 step 1: the embedding loss uses E after dropout. With dropout 0.5 in train mode, the loss equals
+    the loop implementation applied to the dropout output and the encoder output captured by forward hooks."""
+    cfg = tiny(context_size=8, dropout_rate=0.5, embedding_loss_type="MSE", embedding_ln_type=ln_type)
+    m = make(cfg).train()
+    seen = {}
+    m.drop.register_forward_hook(lambda mod, inp, out: seen.setdefault("E", out.detach()))
+    m.blocks[-1].register_forward_hook(lambda mod, inp, out: seen.setdefault("enc", out.detach()))
+    x, y = batch(cfg)
+    with torch.no_grad():
+        m(x, y)
+    E0 = m.wte.weight[x] + m.wpe.weight[:x.size(1)]
+    assert not torch.allclose(seen["E"], E0)  # dropout did act
+    p = ref_params(m)
+    emb = ref_embedding_loss(seen["E"].double(), seen["enc"].double(), p, cfg)
+    torch.testing.assert_close(m.last_embedding_loss.double(), emb, atol=1e-5, rtol=1e-5)
+
+
+def test_embedding_loss_layernorms_exist_only_when_used():
+    """ln_a exists iff the loss is on and embedding_ln_type != NONE, ln_b iff the loss is on and
+    use_ln_on_encoder_out; no loss, no loss LayerNorms (SPEC §3)."""
+    names = lambda cfg: {n.split(".")[0] for n, _ in build_model(cfg).named_parameters()}
+    assert not {"ln_a", "ln_b"} & names(tiny())
+    assert {"ln_a", "ln_b"} <= names(tiny(embedding_loss_type="MSE"))
+    assert "ln_a" not in names(tiny(embedding_loss_type="MSE", embedding_ln_type="NONE"))
+    assert "ln_b" not in names(tiny(embedding_loss_type="MSE", use_ln_on_encoder_out=False))
+
+
+@pytest.mark.parametrize("detach", ["ENCODER_OUT", "EMBEDDING", "NONE"])
+@pytest.mark.parametrize("loss_type", ["MSE", "LOG_COSINE"])
+def test_gradients_match_reference(detach, loss_type):
+    """Gradients of the total training loss w.r.t. every parameter match the reference (which detaches enc
+    or E as SPEC §3 says), so detach_type is honoured in the backward pass."""
+    cfg = tiny(context_size=8, embedding_loss_type=loss_type, embedding_loss_coeff=2.0, detach_type=detach,
+               add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", use_bias=True)
+    m = make(cfg).train()
+    x, y = batch(cfg)
+    _, loss = m(x, y)
+    loss.backward()
+    p = ref_params(m, requires_grad=True)
+    ref_forward(p, cfg, x, y, training=True)["loss"].backward()
+    for n, param in m.named_parameters():
+        g, rg = param.grad.double(), p[n].grad
+        assert (g - rg).abs().max() <= 1e-4 * rg.abs().max() + 1e-7, n
+
+
+def embedding_loss_grads(detach):
+    """Gradient of the embedding-loss term alone: the same weights trained with coeff 3 and coeff 1 differ
+    only by 2 * d(emb). float64 so that the difference is clean."""
+    out = []
+    for coeff in (1.0, 3.0):
+        cfg = tiny(context_size=8, embedding_loss_type="MSE", embedding_loss_coeff=coeff, detach_type=detach)
+        m = make(cfg).double().train()
+        x, y = batch(cfg)
+        m(x, y)[1].backward()
+        out.append(grads(m))
+    return {n: (out[1][n] - out[0][n]) / 2 for n in out[0]}
+
+
+def test_embedding_loss_gradient_flow_per_detach_type():
+    """Where the embedding-loss gradient goes. ENCODER_OUT: wte/wpe (through E) and the loss LayerNorms, never
+    the encoder. EMBEDDING: the encoder (and wte/wpe only through the encoder, not directly through E).
+    NONE: both, i.e. NONE = EMBEDDING + ENCODER_OUT on wte/wpe. Never the decoder, bridge or ln_f."""
+    g = {d: embedding_loss_grads(d) for d in ("ENCODER_OUT", "EMBEDDING", "NONE")}
+    scale = max(t.abs().max().item() for t in g["NONE"].values())
+    zero = lambda t: t.abs().max().item() <= 1e-10 * scale
+    for n in g["NONE"]:
+        if n.startswith("blocks."):  # encoder
+            assert zero(g["ENCODER_OUT"][n]), n
+            torch.testing.assert_close(g["EMBEDDING"][n], g["NONE"][n], rtol=1e-8, atol=1e-10 * scale)
+        if n.startswith(("decoder_blocks.", "bridge", "ln_f")):
+            for d in g:
+                assert zero(g[d][n]), (d, n)
+    enc_names = [n for n in g["NONE"] if n.startswith("blocks.")]
+    assert any(not zero(g["EMBEDDING"][n]) for n in enc_names)  # the loss does reach the encoder
+    for n in ("wte.weight", "wpe.weight"):
+        assert not zero(g["ENCODER_OUT"][n]) and not zero(g["EMBEDDING"][n])
+        # the direct path through E (ENCODER_OUT) and the path through the encoder (EMBEDDING) add up to NONE
+        torch.testing.assert_close(g["ENCODER_OUT"][n] + g["EMBEDDING"][n], g["NONE"][n], rtol=1e-8, atol=1e-10 * scale)
+
+
+# -----------------------------------------------------------------------------
+# positions
+
+
+def test_wpe_rows():
+    """wpe has context_size + 1 rows exactly when the AED adds or subtracts wpe[1..T], else context_size."""
+    rows = lambda **kw: build_model(tiny(context_size=8, **kw)).wpe.weight.shape[0]
+    assert rows(arch="gpt") == 8
+    assert rows() == 8
+    assert rows(embedding_loss_type="MSE") == 8
+    assert rows(add_pos_embed_to_decoder=True) == 9
+    assert rows(sub_pos_embed_to_decoder="YES_NO_LN") == 9
+    assert rows(sub_pos_embed_to_decoder="YES_LN") == 9
+
+
+@pytest.mark.parametrize("T", [8, 5])
+def test_pos_sub_uses_next_position(T):
+    """YES_NO_LN subtracts wpe[t+1] at position t: changing wpe[T] (used by nothing else for a length-T input)
+    changes only the last position's logits, by exactly -delta @ wte.T."""
+    cfg = tiny(context_size=8, sub_pos_embed_to_decoder="YES_NO_LN")
+    m = make(cfg).eval()
+    x, _ = batch(cfg, T=T)
+    with torch.no_grad():
+        before = m(x)[0]
+        delta = torch.randn(cfg.n_embed)
+        m.wpe.weight[T] += delta
+        after = m(x)[0]
+        expected = -(delta @ m.wte.weight.T)  # (V,)
+    assert torch.equal(after[:, :T - 1], before[:, :T - 1])
+    torch.testing.assert_close(after[:, T - 1] - before[:, T - 1], expected.expand(x.size(0), -1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T", [8, 5])
+def test_pos_add_uses_next_position(T):
+    """add_pos_embed_to_decoder adds wpe[t+1] at position t: changing wpe[T] changes only the last position."""
+    cfg = tiny(context_size=8, add_pos_embed_to_decoder=True)
+    m = make(cfg).eval()
+    x, _ = batch(cfg, T=T)
+    with torch.no_grad():
+        before = m(x)[0]
+        m.wpe.weight[T] += torch.randn(cfg.n_embed)
+        after = m(x)[0]
+    assert torch.equal(after[:, :T - 1], before[:, :T - 1])
+    assert (after[:, T - 1] - before[:, T - 1]).abs().max() > 1e-3
+
+
+# -----------------------------------------------------------------------------
+# causality
+
+
+CAUSAL_VARIANTS = [
+    dict(arch="gpt"),
+    dict(),
+    dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True),
+    dict(sub_pos_embed_to_decoder="YES_NO_LN", embedding_loss_type="MSE", detach_type="NONE"),
+    dict(order_type="ALT", embedding_loss_type="COSINE", embedding_ln_type="AVG_CUM_SUM", detach_type="EMBEDDING"),
+    dict(add_pos_embed_to_decoder=True, embedding_loss_type="LOG_COSINE", use_ln_on_encoder_out=False),
+]
+
+
+@pytest.mark.parametrize("kw", CAUSAL_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+@pytest.mark.parametrize("training", [False, True])
+def test_causality(kw, training):
+    """Changing token k leaves the logits of positions < k bit-identical (an unmasked self- or cross-attention,
+    or a position shift in the wrong direction, would leak the future). Eval mode and train mode (dropout 0)."""
+    cfg = tiny(context_size=12, **kw)
+    m = make(cfg).train(training)
+    x, y = batch(cfg)
+    with torch.no_grad():
+        base = m(x, y)[0]
+        for k in range(cfg.context_size):
+            x2 = x.clone()
+            x2[:, k] = (x2[:, k] + 1 + k) % cfg.vocab_size
+            out = m(x2, y)[0]
+            assert torch.equal(out[:, :k], base[:, :k]), f"position < {k} changed"
+            assert not torch.equal(out[:, k], base[:, k])  # the change itself is seen
+
+
+# -----------------------------------------------------------------------------
+# KV cache
+
+
+CACHE_VARIANTS = [
+    dict(arch="gpt"),
+    dict(arch="gpt", use_bias=True),
+    dict(),
+    dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True,
+         use_bias=True),
+    dict(sub_pos_embed_to_decoder="YES_NO_LN", embedding_loss_type="MSE", cross_attn_n_head=2),
+]
+
+
+@pytest.mark.parametrize("kw", CACHE_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+@pytest.mark.parametrize("prompt_len", [1, 3])
+def test_kv_cache_matches_uncached(kw, prompt_len):
+    """next_logits with a cache gives, at every step and also past context_size, the logits of the plain
+    forward on the sliding window (the last context_size tokens), last position (fp32, atol 1e-4)."""
+    cfg = tiny(context_size=8, **kw)
+    m = make(cfg).eval()
+    seq, _ = batch(cfg, T=cfg.context_size + 7)  # (2, 15)
+    cache = m.new_kv_cache()
+    with torch.no_grad():
+        for t in range(prompt_len, seq.size(1) + 1):
+            cached = m.next_logits(seq[:, :t], cache)  # (B, V)
+            window = seq[:, max(0, t - cfg.context_size):t]
+            expected = m(window)[0][:, -1]
+            torch.testing.assert_close(cached, expected, atol=1e-4, rtol=0, msg=f"step {t}")
+            if t <= cfg.context_size:
+                assert cache.pos == t  # the cache really holds every position so far
+
+
+@pytest.mark.parametrize("kw", CACHE_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+def test_kv_cache_multi_token_steps(kw):
+    """The cache can also be advanced by several tokens at once (the new queries see the cached keys and each
+    other causally): feeding 3, 2, 1, 2 tokens gives the uncached logits after each call."""
+    cfg = tiny(context_size=8, **kw)
+    m = make(cfg).eval()
+    seq, _ = batch(cfg, T=cfg.context_size)
+    cache = m.new_kv_cache()
+    with torch.no_grad():
+        for t in (3, 5, 6, 8):
+            cached = m.next_logits(seq[:, :t], cache)
+            torch.testing.assert_close(cached, m(seq[:, :t])[0][:, -1], atol=1e-4, rtol=0, msg=f"after {t} tokens")
+
+
+@pytest.mark.parametrize("kw", CACHE_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+def test_generate_cache_equals_no_cache(kw):
+    """generate gives the same tokens with and without the KV cache, past context_size: greedy (top_k=1),
+    and sampled with the same seed (the sampled stream is varied, so a wrong logit would show quickly)."""
+    cfg = tiny(context_size=8, **kw)
+    m = make(cfg).eval()
+    prompt, _ = batch(cfg, T=3)
+    a = m.generate(prompt, max_new_tokens=12, top_k=1, kv_cache=True)
+    b = m.generate(prompt, max_new_tokens=12, top_k=1, kv_cache=False)
+    assert a.shape == (2, 15)
+    assert torch.equal(a[:, :3], prompt)
+    assert torch.equal(a, b)
+    streams = []
+    for kv_cache in (True, False):
+        torch.manual_seed(123)
+        streams.append(m.generate(prompt, max_new_tokens=12, temperature=2.0, kv_cache=kv_cache))
+    assert torch.equal(streams[0], streams[1])
+    assert len(set(streams[0][:, 3:].flatten().tolist())) > 4  # varied, not a constant stream
+
+
+# -----------------------------------------------------------------------------
+# losses, modes
+
+
+def test_eval_loss_is_ce_only():
+    """Eval mode: loss = F.cross_entropy of the returned logits, last_embedding_loss None. Training mode
+    (dropout 0): loss = last_ce + coeff * last_embedding_loss and last_ce = F.cross_entropy(logits)."""
+    cfg = tiny(embedding_loss_type="MSE", embedding_loss_coeff=8.0, sub_pos_embed_to_decoder="YES_NO_LN")
+    m = make(cfg)
+    x, y = batch(cfg)
+    m.eval()
+    with torch.no_grad():
+        logits, loss = m(x, y)
+    ce = F.cross_entropy(logits.view(-1, cfg.vocab_size), y.view(-1))
+    torch.testing.assert_close(loss, ce, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(m.last_ce, ce, atol=1e-6, rtol=1e-6)
+    assert m.last_embedding_loss is None
+    m.train()
+    logits, loss = m(x, y)
+    ce = F.cross_entropy(logits.view(-1, cfg.vocab_size), y.view(-1))
+    torch.testing.assert_close(m.last_ce, ce.detach(), atol=1e-6, rtol=1e-6)
+    assert m.last_embedding_loss.item() > 1e-3
+    assert not m.last_ce.requires_grad and not m.last_embedding_loss.requires_grad
+    torch.testing.assert_close(loss.detach(), m.last_ce + 8.0 * m.last_embedding_loss, atol=1e-5, rtol=1e-6)
+    assert m(x)[1] is None  # no targets, no loss
+    plain = make(tiny()).train()  # no embedding loss at all
+    plain(x, y)
+    assert plain.last_embedding_loss is None
+
+
+@pytest.mark.parametrize("kw", [dict(arch="gpt"), dict(),
+                                dict(embedding_loss_type="COSINE", sub_pos_embed_to_decoder="YES_LN")],
+                         ids=["gpt", "aed", "aed-cosine-possub"])
+@pytest.mark.parametrize("chunk_rows", [1, 4, 5, 1000])
+def test_return_logits_false_same_loss_and_grads(kw, chunk_rows, monkeypatch):
+    """return_logits=False (chunked tied head + cross-entropy) gives the same loss (1e-5) and gradients (1e-5
+    relative) as the full-logits path, with B*T = 21 rows not divisible by the chunk (1, 4, 5 rows, or one chunk),
+    also when the loss is scaled before backward."""
+    monkeypatch.setattr(model_module, "CHUNK_ELEMENTS", chunk_rows * 64)  # rows per chunk = CHUNK_ELEMENTS // vocab
+    cfg = tiny(context_size=8, **kw)
+    m = make(cfg).train()
+    x, y = batch(cfg, B=3, T=7)
+    logits, loss_full = m(x, y)
+    (loss_full / 3).backward()  # scaled, as train.py does for gradient accumulation
+    g_full = grads(m)
+    m.zero_grad(set_to_none=True)
+    logits, loss_chunked = m(x, y, return_logits=False)
+    assert logits is None
+    (loss_chunked / 3).backward()
+    g_chunked = grads(m)
+    torch.testing.assert_close(loss_chunked, loss_full, atol=1e-5, rtol=1e-5)
+    for n in g_full:
+        assert (g_chunked[n] - g_full[n]).abs().max() <= 1e-5 * g_full[n].abs().max() + 1e-9, n
+    m.eval()  # the no-grad path too
+    with torch.no_grad():
+        torch.testing.assert_close(m(x, y, return_logits=False)[1], m(x, y)[1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "aed"])
+def test_overfit_one_batch(arch):
+    """A tiny model of each architecture memorizes one small batch: ce from ~ln(64) = 4.2 to below 0.5."""
+    kw = dict(embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_NO_LN") if arch == "aed" else {}
+    cfg = tiny(arch=arch, context_size=16, n_layer=1 if arch == "aed" else 2, **kw)
+    m = make(cfg, scramble=False).train()
+    x, y = batch(cfg, B=4)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    for step in range(150):
+        _, loss = m(x, y)
+        if step == 0:
+            assert m.last_ce.item() > 3.5  # starts near ln(64)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    m.eval()
+    with torch.no_grad():
+        assert m(x, y)[1].item() < 0.5
+
+
+# -----------------------------------------------------------------------------
+# config validation
+
+
+def field_re(name):
+    return rf"(?<!\w){name}(?!\w)"  # the field's name as a whole word
+
+
+INVALID = [
+    # loss options while the loss is NONE
+    (dict(embedding_loss_coeff=1.0), "embedding_loss_coeff"),
+    (dict(detach_type="ENCODER_OUT"), "detach_type"),
+    (dict(embedding_ln_type="INIT"), "embedding_ln_type"),
+    (dict(use_ln_on_encoder_out=True), "use_ln_on_encoder_out"),
+    (dict(use_ln_on_encoder_out=False), "use_ln_on_encoder_out"),
+    # head divisibility
+    (dict(n_embed=30, n_head=4), "n_head"),
+    (dict(arch="gpt", n_embed=30, n_head=4), "n_head"),
+    (dict(n_embed=32, n_head=4, cross_attn_n_head=3), "cross_attn_n_head"),
+    # unknown enum values
+    (dict(arch="bert"), "arch"),
+    (dict(order_type="SWAP"), "order_type"),
+    (dict(sub_pos_embed_to_decoder="YES"), "sub_pos_embed_to_decoder"),
+    (dict(embedding_loss_type="L1"), "embedding_loss_type"),
+    (dict(embedding_loss_type="MSE", detach_type="BOTH"), "detach_type"),
+    (dict(embedding_loss_type="MSE", embedding_ln_type="AFTER"), "embedding_ln_type"),
+] + [
+    # AED-only options with arch="gpt"
+    (dict(arch="gpt", **{k: v}), k) for k, v in [
+        ("cross_attn_n_head", 8), ("cross_attn_use_bias", False), ("order_type", "ALT"),
+        ("add_ln_before_decoder_ff", True), ("add_pos_embed_to_decoder", True), ("sub_pos_embed_to_decoder", "YES_NO_LN"),
+        ("embedding_loss_type", "MSE"), ("embedding_loss_coeff", 1.0), ("detach_type", "NONE"),
+        ("embedding_ln_type", "INIT"), ("use_ln_on_encoder_out", True)]
+]
+
+
+@pytest.mark.parametrize("kw,field", INVALID, ids=[f"{f}:{kw}" for kw, f in INVALID])
+def test_invalid_config_raises(kw, field):
+    """Invalid configs raise ValueError with a message naming the offending field."""
+    with pytest.raises(ValueError, match=field_re(field)):
+        tiny(**kw)
+
+
+def test_valid_defaults():
+    """The loss options fill in their SPEC defaults when the loss is on; cross-attention defaults to 2 * n_head
+    heads and use_bias."""
+    cfg = tiny(embedding_loss_type="MSE", use_bias=True)
+    filled = (cfg.embedding_loss_coeff, cfg.detach_type, cfg.embedding_ln_type, cfg.use_ln_on_encoder_out)
+    assert filled == (1.0, "ENCODER_OUT", "INIT", True)
+    assert (cfg.cross_attn_n_head, cfg.cross_attn_use_bias) == (8, True)
+    tiny(arch="gpt", order_type="ORIGINAL", sub_pos_embed_to_decoder="NO")  # defaults are fine for gpt
+
+
+@pytest.mark.parametrize("arch", ["gpt", "aed"])
+def test_sequence_longer_than_context_raises(arch):
+    """A forward on more than context_size tokens raises ValueError naming context_size."""
+    cfg = tiny(arch=arch, context_size=8)
+    m = make(cfg, scramble=False)
+    x, _ = batch(cfg, T=9)
+    with pytest.raises(ValueError, match=field_re("context_size")):
+        m(x)
+
+
+# -----------------------------------------------------------------------------
+# init, dropout, optimizer
+
+
+RESIDUAL_PROJ = re.compile(r"(attn|cross_attn|mlp)\.c_proj\.weight$")
+
+
+@pytest.mark.parametrize("arch,n_layer", [("aed", 13), ("gpt", 8)])
+def test_init(arch, n_layer):
+    """Residual output projections (attention, cross-attention, MLP out) ~ N(0, 0.02 / sqrt(2 * n_layer)) with
+    the config's n_layer (13 for the AED, not 26); every other Linear / Embedding ~ N(0, 0.02); biases 0,
+    LayerNorm weights 1; with use_bias every Linear and LayerNorm has a bias."""
+    kw = {}
+    if arch == "aed":  # every optional Linear / LayerNorm present
+        kw = dict(embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True)
+    cfg = tiny(arch=arch, n_embed=64, n_layer=n_layer, n_head=4, use_bias=True, **kw)
+    m = make(cfg, scramble=False)
+    resid_std = 0.02 / math.sqrt(2 * n_layer)
+    n_resid = 0
+    for name, mod in m.named_modules():
+        if isinstance(mod, (torch.nn.Linear, torch.nn.LayerNorm)):
+            assert mod.bias is not None, f"{name} has no bias with use_bias=True"
+            assert torch.all(mod.bias == 0), name
+        if isinstance(mod, torch.nn.LayerNorm):
+            assert torch.all(mod.weight == 1), name
+        if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)):
+            w = mod.weight
+            want = resid_std if RESIDUAL_PROJ.search(name + ".weight") else 0.02
+            n_resid += want == resid_std
+            assert abs(w.std().item() / want - 1) < 0.1, f"{name}: std {w.std().item():.5f}, want {want:.5f}"
+            assert abs(w.mean().item()) < 0.1 * want, name
+    assert n_resid == (5 * n_layer if arch == "aed" else 2 * n_layer)  # enc: attn + mlp; dec: attn + cross + mlp
+
+
+def test_bias_flags():
+    """use_bias=False removes every bias except the two embedding-loss LayerNorms'; cross_attn_use_bias
+    controls the cross-attention Linears alone."""
+    cfg = tiny(embedding_loss_type="MSE", use_bias=False, cross_attn_use_bias=True, sub_pos_embed_to_decoder="YES_LN",
+               add_ln_before_decoder_ff=True)
+    m = make(cfg, scramble=False)
+    with_bias = {n for n, mod in m.named_modules() if isinstance(mod, (torch.nn.Linear, torch.nn.LayerNorm))
+                 and mod.bias is not None}
+    assert {"ln_a", "ln_b"} <= with_bias
+    assert all(n in ("ln_a", "ln_b") or ".cross_attn." in n for n in with_bias), with_bias
+    assert sum(".cross_attn." in n for n in with_bias) == 3 * cfg.n_layer  # q, kv, out per decoder block
+
+
+@pytest.mark.parametrize("arch", ["gpt", "aed"])
+def test_dropout_train_only(arch):
+    """With dropout_rate 0.5, eval mode is deterministic and equal to the same weights without dropout (so no
+    attention or residual dropout in eval); train mode is random."""
+    kw = dict(embedding_loss_type="MSE") if arch == "aed" else {}
+    cfg = tiny(arch=arch, dropout_rate=0.5, **kw)
+    m = make(cfg).eval()
+    m0 = build_model(dataclasses.replace(cfg, dropout_rate=0.0)).eval()
+    m0.load_state_dict(m.state_dict())
+    x, _ = batch(cfg)
+    with torch.no_grad():
+        a, b, ref = m(x)[0], m(x)[0], m0(x)[0]
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, ref, atol=1e-6, rtol=1e-6)
+        m.train()
+        c, d = m(x)[0], m(x)[0]
+        assert not torch.equal(c, d)
+        assert (c - ref).abs().max() > 1e-3
+
+
+def test_configure_optimizers():
+    """AdamW; parameters with dim >= 2 get the weight decay, the others 0; every parameter exactly once."""
+    cfg = tiny(embedding_loss_type="MSE", use_bias=True)
+    m = make(cfg, scramble=False)
+    opt = m.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95), device_type="cpu")
+    assert isinstance(opt, torch.optim.AdamW)
+    seen = []
+    for group in opt.param_groups:
+        assert group["lr"] == 1e-3 and tuple(group["betas"]) == (0.9, 0.95)
+        for p in group["params"]:
+            seen.append(id(p))
+            assert group["weight_decay"] == (0.1 if p.dim() >= 2 else 0.0)
+    assert sorted(seen) == sorted(id(p) for p in m.parameters())  # parameters() has the tied wte once
+    assert len(seen) == len(set(seen))
