@@ -151,10 +151,10 @@ def pieces(blocks, split_at, at_separator):
             pos, buf = pos + p, buf[p:]
 
 
-def encode_to(files, path, split_at, eot, at_separator, total_bytes, log):
+def encode_to(enc, files, path, split_at, eot, at_separator, total_bytes, log):
     """Second pass: encode the pieces in parallel with tiktoken's batch API and append the uint16 ids
     to files (train, val). Returns the token counts."""
-    enc, threads = get_encoding(), os.cpu_count() or 1
+    threads = os.cpu_count() or 1
     counts, progress, t0, last_log = [0, 0], [0], time.time(), time.time()
 
     def encode(texts):
@@ -262,8 +262,9 @@ def prepare(input=None, name=None, out_dir=DATA_DIR, eot=True, val_fraction=0.1,
             download(input, path, log)
         else:
             path = input
+        enc = get_encoding()
         log(f"reading {input or path} (1/2: counting characters)")
-        t1 = time.time()  # reading + encoding starts (after any download)
+        t1 = time.time()  # reading + encoding starts (after any download and loading the tokenizer)
         n_chars, n_bytes, last_sep_end, nonblank = scan(path)
         if not nonblank:
             raise PrepareError(f"{input or path} is empty (no text)")
@@ -271,7 +272,7 @@ def prepare(input=None, name=None, out_dir=DATA_DIR, eot=True, val_fraction=0.1,
         at_separator = eot and last_sep_end > split_at
         log(f"2/2: encoding {n_bytes / 1e6:,.1f} MB ({n_chars:,} characters) with {os.cpu_count()} threads")
         with open(tmp["train.bin"], "wb") as f_train, open(tmp["val.bin"], "wb") as f_val:
-            counts = encode_to((f_train, f_val), path, split_at, eot, at_separator, n_bytes, log)
+            counts = encode_to(enc, (f_train, f_val), path, split_at, eot, at_separator, n_bytes, log)
         if min(counts) < min_tokens:
             raise PrepareError(f"too few tokens for a train/val split: train {counts[0]:,}, val {counts[1]:,}; "
                                f"each needs at least {min_tokens:,} (use more text or --min_tokens)")
