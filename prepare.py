@@ -15,6 +15,7 @@ Memory stays bounded: the text is streamed twice (count characters, then encode)
 """
 
 import argparse
+import array
 import codecs
 import hashlib
 import itertools
@@ -24,11 +25,8 @@ import os
 import re
 import sys
 import time
-import urllib.request
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
 
 from tokenizer import FetchError, get_encoding, wheel_files
 
@@ -164,7 +162,7 @@ def encode_to(enc, files, path, split_at, eot, at_separator, total_bytes, log):
 
     def write(split, future):
         for ids in future.result():
-            np.fromiter(ids, np.uint16, len(ids)).tofile(files[split])  # GPT-2 ids < 50257 fit in uint16
+            array.array("H", ids).tofile(files[split])  # uint16: GPT-2's ids are < 50257
             counts[split] += len(ids)
 
     # one background thread runs the encoder (itself `threads` wide) on batch k, while this thread
@@ -211,6 +209,7 @@ def wikipedia_text():
 
 def download(url, dest, log):
     # stream a URL to a temporary file, so that it can be read twice (count, then encode)
+    import urllib.request
     try:
         with urllib.request.urlopen(url, timeout=60) as r, open(dest, "wb") as f:
             n, t0, last_log = 0, time.time(), time.time()

