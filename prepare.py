@@ -71,7 +71,7 @@ def read_text(path, progress=None):
                 data = f.read(BLOCK)
                 text = decoder.decode(data, final=not data)
                 if "\x00" in text:
-                    raise PrepareError(f"{path} looks binary (NUL byte near byte {nbytes:,}), expected UTF-8 text")
+                    raise PrepareError(f"{path} looks binary (NUL byte near byte {nbytes:,}), not UTF-8 text")
                 nbytes += len(data)
                 if progress is not None:
                     progress[0] = nbytes
@@ -276,7 +276,8 @@ def prepare(input=None, name=None, out_dir=DATA_DIR, eot=True, val_fraction=0.1,
             raise PrepareError(f"too few tokens for a train/val split: train {counts[0]:,}, val {counts[1]:,}; "
                                f"each needs at least {min_tokens:,} (use more text or --min_tokens)")
         dt, mb_s = time.time() - t0, n_bytes / 1e6 / (time.time() - t1)
-        meta = {"vocab_size": 50257, "eot_token": 50256, "dtype": "uint16", "tokenizer": "GPT-2 BPE (tiktoken gpt2)",
+        meta = {"vocab_size": 50257, "eot_token": 50256, "dtype": "uint16",
+                "tokenizer": "GPT-2 BPE (tiktoken gpt2)",
                 "train_tokens": counts[0], "val_tokens": counts[1],
                 "eot": (f"{EOT} separates documents (id 50256)" if eot else f"none: {EOT} is plain text"),
                 "split": (f"first {1 - val_fraction:.0%} of the characters -> train, "

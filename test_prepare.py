@@ -69,7 +69,8 @@ def test_offline_tokenizer_is_gpt2():
 def test_fast_ranks_file_is_tiktokens_r50k(tmp_path, monkeypatch):
     from tiktoken_ext import openai_public
     seen = {}
-    monkeypatch.setattr(openai_public, "load_tiktoken_bpe", lambda url, expected_hash: seen.update(h=expected_hash))
+    monkeypatch.setattr(openai_public, "load_tiktoken_bpe",
+                        lambda url, expected_hash: seen.update(h=expected_hash))
     openai_public.r50k_base()  # the constant is the hash tiktoken itself pins for r50k_base.tiktoken
     assert seen["h"] == tokenizer.R50K_SHA256
     paths = tokenizer.wheel_files(tokenizer.BPE_WHEEL, tokenizer.BPE_WHEEL_SHA256, tokenizer.BPE_FILES)
