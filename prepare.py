@@ -201,9 +201,10 @@ def wikipedia_text():
         with open(json_path, encoding="utf-8") as f:
             articles = list(json.load(f).values())  # {title: {"title", "extract", "description", "topic"}}
         articles.sort(key=lambda a: hashlib.sha256(a["title"].encode()).digest())
-        with open(txt_path + ".tmp", "w", encoding="utf-8", newline="") as f:
+        tmp = f"{txt_path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
             f.write(EOT.join(a["extract"].strip() for a in articles))
-        os.replace(txt_path + ".tmp", txt_path)
+        os.replace(tmp, txt_path)
     return txt_path
 
 
@@ -329,6 +330,9 @@ def main(argv=None):
                 log=lambda msg: print(msg, flush=True))
     except (PrepareError, FetchError) as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:  # input errors are PrepareErrors already: this is the output side (disk full, ...)
+        print(f"error: cannot write {e.filename or args.out_dir}: {e.strerror or e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted: no bins written", file=sys.stderr)

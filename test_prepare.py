@@ -321,6 +321,8 @@ def test_error_messages(tmp_path, capsys):
     assert "too few tokens" in error_of([f"--input={tmp_path / 'small.txt'}", out], capsys)
     assert "--name" in error_of([f"--input={tmp_path / 'small.txt'}", "--name=../x", out], capsys)
     assert not os.path.exists(tmp_path / "out" / "small" / "train.bin")
+    write(tmp_path / "file", "")  # an --out_dir that is a file
+    assert "cannot write" in error_of([f"--input={tmp_path / 'small.txt'}", f"--out_dir={tmp_path / 'file'}"], capsys)
 
 
 def test_error_from_command_line_has_no_traceback(tmp_path):
