@@ -322,7 +322,8 @@ def test_error_messages(tmp_path, capsys):
     assert "--name" in error_of([f"--input={tmp_path / 'small.txt'}", "--name=../x", out], capsys)
     assert not os.path.exists(tmp_path / "out" / "small" / "train.bin")
     write(tmp_path / "file", "")  # an --out_dir that is a file
-    assert "cannot write" in error_of([f"--input={tmp_path / 'small.txt'}", f"--out_dir={tmp_path / 'file'}"], capsys)
+    out_file = f"--out_dir={tmp_path / 'file'}"
+    assert "cannot write" in error_of([f"--input={tmp_path / 'small.txt'}", out_file], capsys)
 
 
 def test_error_from_command_line_has_no_traceback(tmp_path):
