@@ -152,14 +152,18 @@ def table(runs):
     return lines
 
 
+def config_key(r):
+    # runs with the same key differ only in the seed (and where they were written)
+    if not r['config']:
+        return r['name']
+    return json.dumps({k: v for k, v in r['config'].items() if k not in SEED_ONLY_KEYS}, sort_keys=True)
+
+
 def seed_groups(runs):
-    # runs whose configs differ only in the seed (and where they were written): the seed noise
+    # the seed noise: the spread of runs that differ only in the seed
     groups = {}
     for r in runs:
-        if not r['config']:
-            continue
-        key = json.dumps({k: v for k, v in r['config'].items() if k not in SEED_ONLY_KEYS}, sort_keys=True)
-        groups.setdefault(key, []).append(r)
+        groups.setdefault(config_key(r), []).append(r)
     lines = []
     for group in groups.values():
         if len({r['seed'] for r in group}) < 2:
@@ -239,10 +243,22 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None):
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
     out.append(f'<text x="{left + pw / 2}" y="{H - 12}" text-anchor="middle">step</text>')
     out.append(f'<text transform="translate(18 {top + ph / 2}) rotate(-90)" text-anchor="middle">'
-               f'{"loss (solid: val, dashed: train)" if train else "val loss"}</text>')
+               f'{"loss (thick: val, thin dashed: train)" if train else "val loss"}</text>')
+    # a colour per config; another seed of the same config gets its colour with a dash pattern
+    styles, seen = [], {}
+    for r in runs:
+        key = config_key(r)
+        if key in seen:
+            color, n = seen[key]
+            seen[key] = (color, n + 1)
+            styles.append((color, DASHES[(n + 1) % len(DASHES)] or DASHES[1]))
+        else:
+            n_colors = len({c for c, _ in seen.values()})
+            color = COLORS[n_colors % len(COLORS)]
+            seen[key] = (color, 0)
+            styles.append((color, DASHES[(n_colors // len(COLORS)) % len(DASHES)]))
     # one path per run (plus a dashed one per run for the train estimates)
-    for i, r in enumerate(runs):
-        color, dash = COLORS[i % len(COLORS)], DASHES[(i // len(COLORS)) % len(DASHES)]
+    for r, (color, dash) in zip(runs, styles):
         series = [(2, dash)] + ([(1, '4,3')] if train else [])
         for col, dasharray in series:
             d = ' '.join(f"{'M' if j == 0 else 'L'}{px(p[0]):.1f},{py(p[col]):.1f}" for j, p in enumerate(r['curve']))
@@ -255,8 +271,7 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None):
         if lo <= v <= hi:
             out.append(f'<circle cx="{px(s):.1f}" cy="{py(v):.1f}" r="3" fill="{color}"/>')
     # legend, with each run's final val loss
-    for i, r in enumerate(runs):
-        color, dash = COLORS[i % len(COLORS)], DASHES[(i // len(COLORS)) % len(DASHES)]
+    for i, (r, (color, dash)) in enumerate(zip(runs, styles)):
         y = top + 10 + 20 * i
         da = f' stroke-dasharray="{dash}"' if dash else ''
         out.append(f'<line x1="{left + pw + 15}" y1="{y}" x2="{left + pw + 40}" y2="{y}" stroke="{color}" '

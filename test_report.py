@@ -95,6 +95,9 @@ def test_table_chart_resume_and_seeds(tmp_path):
     paths = root.findall(f'.//{SVG}path')
     assert len(paths) == 3  # one val curve per run
     assert [pth.find(SVG + 'title').text for pth in paths] == ['run-aed', 'run-aed-seed2', 'run-gpt']
+    # another seed of a config: that config's colour, dashed; another config: another colour
+    assert paths[0].get('stroke') == paths[1].get('stroke') != paths[2].get('stroke')
+    assert paths[0].get('stroke-dasharray') is None and paths[1].get('stroke-dasharray')
     # the resumed run's curve has the steps 0, 10, 20 (its estimate at 12 was superseded)
     assert paths[2].get('d').count('L') == 2
     legend = ' '.join(t.text for t in root.iter(SVG + 'text'))
@@ -157,3 +160,47 @@ def test_real_training_run_end_to_end(tmp_path):
     assert row[7] == f"{6 * 4 * 16:,}"
     paths = ET.parse(svg).getroot().findall(f'.//{SVG}path')
     assert len(paths) == 1 and paths[0].get('d').count('L') == 2  # estimates at steps 0, 3, 6
+
+
+# ----------------------------------------------------------------------------- the CPU configs
+RUNS = ['aed_cosine', 'aed_mse', 'aed_plain', 'aed_possub', 'aed_mse_possub', 'baseline', 'baseline_small',
+        'baseline_dropout']
+SIZE_KEYS = {'n_embed', 'n_layer', 'n_head', 'cross_attn_n_head', 'context_size'}
+
+
+def load_configs(prefix):
+    # train.py's defaults, without running it: exec the block between its first two '# ---' lines
+    import dataclasses
+    from configurator import collect_defaults, load_config
+    from model import ModelConfig
+    head = open(os.path.join(ROOT, 'train.py')).read().split('\n# ' + '-' * 77 + '\n')[1]
+    ns = {'dataclasses': dataclasses, 'ModelConfig': ModelConfig, 'collect_defaults': collect_defaults}
+    exec(head, ns)
+    return {r: load_config(ns['DEFAULTS'], [os.path.join(ROOT, 'config', f'{prefix}{r}.py')]) for r in RUNS}
+
+
+def test_cpu_configs_mirror_the_author():
+    """The eight CPU runs share everything but the model, and differ from each other exactly as the
+    author's eight runs do; parameter order as in SPEC section 4: baseline_small < AED < baseline."""
+    import dataclasses
+    from model import ModelConfig, build_model
+    cpu, author = load_configs('cpu_'), load_configs('')
+    model_keys = [f.name for f in dataclasses.fields(ModelConfig)]
+    common = [k for k in cpu['baseline'] if k not in model_keys and k != 'out_dir']
+    for r in RUNS:
+        assert [cpu[r][k] for k in common] == [cpu['baseline'][k] for k in common], r
+        for k in model_keys:
+            if k not in SIZE_KEYS:
+                assert cpu[r][k] == author[r][k], (r, k)  # the run's own options, as the author set them
+    assert len({cpu[r]['out_dir'] for r in RUNS}) == 8
+    aed = [r for r in RUNS if r.startswith('aed')]
+    for k in SIZE_KEYS:
+        assert len({cpu[r][k] for r in aed}) == 1, k  # all AED runs: one size
+    assert cpu['baseline']['n_layer'] == 2 * cpu['aed_mse_possub']['n_layer']  # as deep as encoder + decoder
+    assert cpu['baseline_small']['n_layer'] == cpu['baseline']['n_layer']
+    assert {k: v for k, v in cpu['baseline_dropout'].items() if k not in ('out_dir', 'dropout_rate')} == \
+        {k: v for k, v in cpu['baseline'].items() if k not in ('out_dir', 'dropout_rate')}
+
+    def params(r):
+        return build_model(ModelConfig(**{k: cpu[r][k] for k in model_keys})).get_num_params()
+    assert params('baseline_small') < params('aed_mse_possub') < params('baseline') == params('baseline_dropout')
