@@ -1,0 +1,37 @@
+# CPU version of the author's run baseline_small (config/baseline_small.py, SPEC section 4):
+# The smaller GPT baseline, with fewer params than cpu_aed_mse_possub: the author's went from
+# width 160 to 156 and from 10 to 12 heads; this one goes from 98 to 96, from 7 to 8 heads.
+# The author's run, 9000 steps on one A100: train 2.958, val 3.416 (15,441,192 params).
+# $ python train.py config/cpu_baseline_small.py    (all eight CPU runs: bash experiments/cpu_runs.sh)
+out_dir = 'out-cpu-baseline-small'
+# common to all eight CPU runs: the settings of the presets config/cpu_aed_mse_possub.py and config/cpu_baseline.py
+dataset = 'wikipedia'
+device = 'cpu'
+dtype = 'float32'
+compile = False  # measured slower than eager on this CPU: see README
+# a short run: higher lr, short warm-up, cosine decay to min_lr by the last step
+batch_size = 16
+gradient_accumulation_steps = 1
+lr = 2e-3
+min_lr = 2e-4
+warmup_iters = 20
+train_steps = 300
+lr_decay_iters = 300
+decay_lr = True
+beta1 = 0.9
+beta2 = 0.95
+weight_decay = 0.1
+grad_clip = 0.0
+est_interval = 75
+est_steps = 6
+log_interval = 25
+
+# model: cpu_baseline's 4 blocks, narrower: width 96, 8 heads
+arch = 'gpt'
+vocab_size = 50257
+context_size = 128
+n_embed = 96
+n_layer = 4
+n_head = 8
+dropout_rate = 0.0
+use_bias = False
