@@ -429,8 +429,11 @@ while True:
     t0 = time.time()
     offsets = train_offsets(step)
     stats = torch.zeros(4, device=device)  # summed over micro-steps: loss, ce, embedding loss, #embedding losses
+    data_s = 0.0  # time spent fetching batches: logged, so a slow data path shows
     for micro in range(micro_steps):
+        t_data = time.time()
         X, Y = get_batch(train_data, offsets[micro])
+        data_s += time.time() - t_data
         # DDP: all-reduce the gradients on the last micro-step only
         sync = model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext()
         with sync:
@@ -464,7 +467,7 @@ while True:
         tok_s = tokens_per_step / dt
         mfu = flops_per_step / dt / world_size / peak_flops if peak_flops else None
         log_record({'type': 'step', 'step': step, 'loss': loss_v, 'ce': ce_v, 'emb': emb_v, 'lr': lr_now,
-                    'ms': round(dt * 1000, 2), 'tok_s': round(tok_s, 1), 'mfu': mfu,
+                    'ms': round(dt * 1000, 2), 'data_ms': round(data_s * 1000, 3), 'tok_s': round(tok_s, 1), 'mfu': mfu,
                     'tokens': step * tokens_per_step, 'time': round(elapsed(), 2)})
         if step % log_interval == 0 or step == train_steps:
             emb_txt = f" | emb {emb_v:.3e}" if emb_v is not None else ""
