@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The author's eight runs (SPEC section 4) at CPU scale, plus a second seed of the key pair
+# (aed_mse_possub vs baseline), then the results table and chart (experiments/results.{md,svg}).
+#
+# $ bash experiments/cpu_runs.sh          (from anywhere; ~70 min on a 2-core CPU VM)
+#
+# Runs go to out-cpu-experiment/<run>, not to the configs' own out dirs, so a preset run by hand
+# (python train.py config/cpu_baseline.py) never mixes with these. A run whose dir already has a
+# finished summary.json is skipped: after an interruption the same command picks up where it
+# stopped (the interrupted run starts over).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=out-cpu-experiment
+
+echo "=== $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
+python prepare.py  # data/wikipedia/{train,val}.bin; does nothing when they are up to date
+
+run() {  # run <run name> <config name> [extra train.py args...]
+    local out=$OUT/$1 config=config/$2.py
+    shift 2
+    if grep -qs '"status": "finished"' "$out/summary.json"; then
+        echo "=== $out: already finished, skipped"
+        return
+    fi
+    echo "=== $config $* -> $out  ($(date -u +%H:%M:%S))"
+    python train.py "$config" "$@" --out_dir="$out"
+}
+
+start=$(date +%s)
+run aed_cosine cpu_aed_cosine
+run aed_mse cpu_aed_mse
+run aed_plain cpu_aed_plain
+run aed_possub cpu_aed_possub
+run aed_mse_possub cpu_aed_mse_possub
+run baseline cpu_baseline
+run baseline_small cpu_baseline_small
+run baseline_dropout cpu_baseline_dropout
+# the key pair again with another seed: another init, other batches and other estimate batches
+run aed_mse_possub_seed2 cpu_aed_mse_possub --seed=2
+run baseline_seed2 cpu_baseline --seed=2
+echo "=== all runs done in $(( ($(date +%s) - start) / 60 )) min"
+
+python report.py $OUT/aed_cosine $OUT/aed_mse $OUT/aed_plain $OUT/aed_possub \
+    $OUT/aed_mse_possub $OUT/aed_mse_possub_seed2 $OUT/baseline $OUT/baseline_seed2 \
+    $OUT/baseline_small $OUT/baseline_dropout \
+    --md=experiments/results.md --svg=experiments/results.svg
