@@ -5,9 +5,9 @@
 # $ bash experiments/cpu_runs.sh          (from anywhere; ~70 min on a 2-core CPU VM)
 #
 # Runs go to out-cpu-experiment/<run>, not to the configs' own out dirs, so a preset run by hand
-# (python train.py config/cpu_baseline.py) never mixes with these. A run whose dir already has a
-# finished summary.json is skipped: after an interruption the same command picks up where it
-# stopped (the interrupted run starts over).
+# (python train.py config/cpu_baseline.py) never mixes with these. After an interruption the same
+# command picks up where it stopped: finished runs are skipped, and an interrupted run resumes from
+# its last checkpoint (train.py's resume is exact: the same weights as an uninterrupted run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=out-cpu-experiment
@@ -21,6 +21,9 @@ run() {  # run <run name> <config name> [extra train.py args...]
     if grep -qs '"status": "finished"' "$out/summary.json"; then
         echo "=== $out: already finished, skipped"
         return
+    fi
+    if [ -f "$out/ckpt_last.pt" ]; then
+        set -- "$@" --init_from=resume
     fi
     echo "=== $config $* -> $out  ($(date -u +%H:%M:%S))"
     python train.py "$config" "$@" --out_dir="$out"
