@@ -1,0 +1,348 @@
+"""
+Speed and memory of the whole pipeline, measured on this machine:
+  1. training steps: GPT and AED at matched size, eager and compiled, against a nanoGPT-style step
+  2. generation with and without the KV cache
+  3. data loading from the memmap, as a share of a training step (read from train.py's own log)
+  4. prepare.py's tokenization against tiktoken's encode_ordinary_batch with all cores
+  5. peak memory of a training step, with and without the full (B, T, vocab) logits
+Prints a table and writes the figures as JSON (out_json).
+
+    python bench.py            # about 5 minutes on 2 CPU cores
+    python bench.py --quick=True   # about a minute
+
+Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of each in
+turn, and the median is reported, so their ratio is measured under the same conditions.
+"""
+
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from configurator import ConfigError, load_config
+from model import ModelConfig, build_model
+
+# -----------------------------------------------------------------------------
+quick = False  # about a minute instead of about five
+device = "auto"  # 'auto' (cuda if available), 'cpu', 'cuda'
+repeats = 0  # timed repetitions per measurement; 0: 3 with quick, else 7
+out_json = "bench.json"
+sections = "train,generate,data,prepare,memory"  # which parts to run, comma-separated
+# -----------------------------------------------------------------------------
+defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
+
+# nanoGPT's train.py on its reference config here: 4 layers, 128 wide, 4 heads, GPT-2 vocab, batch 16 x 128
+NANOGPT_REF = dict(arch="gpt", n_layer=4, n_embed=128, n_head=4, context_size=128)
+SMALL_AED = dict(arch="aed", n_layer=2, n_embed=128, n_head=4, context_size=128, embedding_loss_type="MSE",
+                 embedding_loss_coeff=8.0, sub_pos_embed_to_decoder="YES_NO_LN")
+# the author's two headline models (SPEC §2, §4)
+AUTHOR_GPT = dict(arch="gpt", n_layer=26, n_embed=160, n_head=10, context_size=200)
+AUTHOR_AED = dict(arch="aed", n_layer=13, n_embed=150, n_head=5, cross_attn_n_head=10, context_size=200,
+                  embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="ENCODER_OUT",
+                  embedding_ln_type="INIT", use_ln_on_encoder_out=True, sub_pos_embed_to_decoder="YES_NO_LN")
+
+
+def machine():
+    if device_type == "cuda":
+        name = torch.cuda.get_device_name()
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+    return {"device": device_type, "name": name, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version()}
+
+
+def sync():
+    if device_type == "cuda":
+        torch.cuda.synchronize()
+
+
+def interleaved(fns, n):
+    """Median seconds of each fn in fns (a dict), running one call of each in turn, n rounds, after a warm-up."""
+    times = {name: [] for name in fns}
+    for name, fn in fns.items():
+        fn()  # warm-up (and compilation)
+    for _ in range(n):
+        for name, fn in fns.items():
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def matmul_peak():
+    """FLOP/s of a large matmul in the training dtype: the ceiling a training step can approach."""
+    n = 2048 if device_type == "cpu" else 8192
+    dt = torch.float32 if device_type == "cpu" else torch.bfloat16
+    a, b = torch.randn(n, n, device=device, dtype=dt), torch.randn(n, n, device=device, dtype=dt)
+    s = interleaved({"mm": lambda: a @ b}, max(3, repeats))["mm"]
+    return 2 * n ** 3 / s
+
+
+def train_step_fn(model_kwargs, batch_size, full_logits=False, compiled=False):
+    """A closure running one optimizer step as train.py does (forward, backward, AdamW step)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**model_kwargs)).to(device)
+    optimizer = model.configure_optimizers(0.1, 9e-4, (0.9, 0.95), device_type)
+    raw = model
+    if compiled:
+        model = torch.compile(model)
+    T, V = raw.config.context_size, raw.config.vocab_size
+    x = torch.randint(0, V, (batch_size, T), device=device)
+    y = torch.randint(0, V, (batch_size, T), device=device)
+
+    def step():
+        with autocast():
+            _, loss = model(x, y, return_logits=full_logits)  # full logits + F.cross_entropy: nanoGPT's way
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step, raw
+
+
+def autocast():
+    if device_type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def bench_train():
+    rows = []
+    peak = results["matmul_peak_flops"]
+
+    def record(label, kwargs, batch_size, seconds, raw):
+        tokens = batch_size * raw.config.context_size
+        flops = raw.flops_per_token() * tokens / seconds
+        rows.append({"run": label, "params": raw.get_num_params(), "batch": f"{batch_size}x{raw.config.context_size}",
+                     "ms_per_step": 1000 * seconds, "tokens_per_s": tokens / seconds, "flops_per_s": flops,
+                     "share_of_matmul_peak": flops / peak, "flops_per_token": raw.flops_per_token()})
+        print(f"  {label:40s} {1000 * seconds:8.0f} ms/step {tokens / seconds:9.0f} tok/s {flops / peak:6.1%} of peak",
+              flush=True)
+
+    # (a) the nanoGPT reference config: its computation (full logits), ours eager, ours compiled
+    print("training, nanoGPT's reference config (4 x 128, 4 heads, batch 16 x 128):", flush=True)
+    variants = {"nanoGPT-style step (full logits)": dict(full_logits=True),
+                "ours, eager": dict(), "ours, torch.compile": dict(compiled=True)}
+    if quick:
+        del variants["ours, torch.compile"]
+    fns, raws = {}, {}
+    for label, kw in variants.items():
+        fns[label], raws[label] = train_step_fn(NANOGPT_REF, 16, **kw)
+    for label, s in interleaved(fns, repeats).items():
+        record(label, NANOGPT_REF, 16, s, raws[label])
+    ref = rows[0]["tokens_per_s"]
+    for r in rows[1:]:
+        r["speedup_vs_nanogpt_style"] = r["tokens_per_s"] / ref
+    # (b) AED vs GPT at matched size: small, and the author's ~16M models with batch cut for CPU time
+    pairs = [("small", SMALL_AED, dict(NANOGPT_REF), 16)]
+    if not quick:
+        pairs.append(("author 16M", AUTHOR_AED, AUTHOR_GPT, 4 if device_type == "cpu" else 50))
+    for name, aed_kw, gpt_kw, bs in pairs:
+        modes = [False] if quick or name != "small" else [False, True]
+        for compiled in modes:
+            tag = "compiled" if compiled else "eager"
+            print(f"training, AED vs GPT, {name}, {tag}:", flush=True)
+            fa, ra = train_step_fn(aed_kw, bs, compiled=compiled)
+            fg, rg = train_step_fn(gpt_kw, bs, compiled=compiled)
+            t = interleaved({"aed": fa, "gpt": fg}, repeats)
+            record(f"AED {name} {tag}", aed_kw, bs, t["aed"], ra)
+            record(f"GPT {name} {tag}", gpt_kw, bs, t["gpt"], rg)
+            ratio = {"pair": f"{name} {tag}", "time_ratio_aed_over_gpt": t["aed"] / t["gpt"],
+                     "flops_ratio_aed_over_gpt": ra.flops_per_token() / rg.flops_per_token(),
+                     "params_aed": ra.get_num_params(), "params_gpt": rg.get_num_params()}
+            results.setdefault("aed_vs_gpt", []).append(ratio)
+            print(f"  AED/GPT time ratio {ratio['time_ratio_aed_over_gpt']:.2f}, "
+                  f"FLOPs ratio {ratio['flops_ratio_aed_over_gpt']:.2f}", flush=True)
+    results["train"] = rows
+
+
+def bench_generate():
+    """ms per new token from a 1-token prompt until the context (200) is full, with and without the cache."""
+    rows = []
+    configs = [("AED", SMALL_AED), ("GPT", NANOGPT_REF)] if quick else [("AED", AUTHOR_AED), ("GPT", AUTHOR_GPT)]
+    for name, kw in configs:
+        kw = dict(kw, context_size=200)
+        torch.manual_seed(0)
+        model = build_model(ModelConfig(**kw)).to(device).eval()
+        for batch in (1, 8):
+            idx = torch.zeros(batch, 1, dtype=torch.long, device=device)
+            new = kw["context_size"] - 1
+            fns = {kv: (lambda kv=kv: model.generate(idx, new, kv_cache=kv)) for kv in (True, False)}
+            t = interleaved(fns, max(1, repeats // 3))
+            row = {"model": name, "params": model.get_num_params(), "batch": batch, "new_tokens": new,
+                   "ms_per_token_cached": 1000 * t[True] / new, "ms_per_token_uncached": 1000 * t[False] / new,
+                   "speedup": t[False] / t[True]}
+            rows.append(row)
+            print(f"  {name} ({row['params']:,} params) batch {batch}: {row['ms_per_token_cached']:.2f} ms/token cached, "
+                  f"{row['ms_per_token_uncached']:.2f} uncached: {row['speedup']:.1f}x", flush=True)
+    results["generate"] = rows
+
+
+def run(cmd):
+    """Run cmd; exit with the last line of its stderr if it fails."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit code {p.returncode}"
+        sys.exit(f"error: {' '.join(cmd[1:3])} failed: {last}")
+
+
+def bench_data():
+    """Data loading's share of a training step, from the data_ms train.py logs for every step."""
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = 6 if quick else 12
+        cmd = [sys.executable, "train.py", f"--out_dir={tmp}", "--arch=gpt", "--n_layer=4", "--n_embed=128",
+               "--n_head=4", "--context_size=128", "--batch_size=16", "--gradient_accumulation_steps=1",
+               f"--train_steps={steps}", f"--est_interval={10 * steps}", "--est_steps=1", "--compile=False",
+               f"--device={device_type}"]
+        run(cmd)
+        with open(os.path.join(tmp, "log.jsonl")) as f:
+            recs = [json.loads(line) for line in f]
+    recs = [r for r in recs if r.get("type") == "step"][2:]  # skip warm-up steps
+    data_ms = statistics.median(r["data_ms"] for r in recs)
+    step_ms = statistics.median(r["ms"] for r in recs)
+    row = {"data_ms_per_step": data_ms, "step_ms": step_ms, "share": data_ms / step_ms,
+           "batches_per_s": 1000 / data_ms if data_ms > 0 else float("inf")}
+    results["data"] = row
+    print(f"  data loading {data_ms:.2f} ms of a {step_ms:.0f} ms step ({row['share']:.2%}); "
+          f"{row['batches_per_s']:.0f} batches/s (16 x 128)", flush=True)
+
+
+def bench_prepare():
+    """prepare() against tiktoken's encode_ordinary_batch with all cores, on the same text: the default
+    Wikipedia corpus, repeated to be long enough to time. Peak RSS is the whole prepare.py process's."""
+    import prepare
+    from tokenizer import get_encoding
+
+    with open(prepare.wikipedia_text(), encoding="utf-8") as f:
+        text = f.read() * (2 if quick else 8)
+    docs = text.split(prepare.EOT)
+    mb = len(text.encode("utf-8")) / 1e6
+    enc = get_encoding()
+    tk, pr = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "wiki.txt")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write(text)
+        for _ in range(1 if quick else 3):  # interleaved
+            t0 = time.perf_counter()
+            enc.encode_ordinary_batch(docs, num_threads=os.cpu_count())
+            tk.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            prepare.prepare(src, "bench", out_dir=tmp, force=True, log=lambda msg: None)
+            pr.append(time.perf_counter() - t0)
+        # the child reports its own VmHWM: ru_maxrss would include this process's memory, inherited by fork
+        probe = ("import atexit, re, runpy, sys; atexit.register(lambda: print('VmHWM', re.search(r'VmHWM:\\s+(\\d+)', "
+                 "open('/proc/self/status').read()).group(1), file=sys.stderr)); sys.argv = sys.argv[1:]; "
+                 "runpy.run_path('prepare.py', run_name='__main__')")
+        p = subprocess.run([sys.executable, "-c", probe, "prepare.py", f"--input={src}", "--name=bench", "--force",
+                            f"--out_dir={tmp}"], capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+        if p.returncode != 0:
+            sys.exit(f"error: prepare.py failed: {p.stderr.strip().splitlines()[-1]}")
+        peak_mb = int(p.stderr.split("VmHWM")[-1]) / 1024  # KB -> MB
+    row = {"mb": mb, "prepare_mb_per_s": mb / statistics.median(pr),
+           "tiktoken_batch_mb_per_s": mb / statistics.median(tk), "prepare_peak_rss_mb": peak_mb}
+    row["ratio"] = row["prepare_mb_per_s"] / row["tiktoken_batch_mb_per_s"]
+    results["prepare"] = row
+    print(f"  prepare() {row['prepare_mb_per_s']:.1f} MB/s on {mb:.0f} MB (reading, splitting, encoding, writing) vs "
+          f"encode_ordinary_batch {row['tiktoken_batch_mb_per_s']:.1f} MB/s: {row['ratio']:.2f}x; "
+          f"prepare.py peak RSS {row['prepare_peak_rss_mb']:.0f} MB", flush=True)
+
+
+def _memory_probe(kwargs, batch_size, full_logits, queue):
+    # runs in a fresh process (which has not parsed the config): its peak RSS is this step's alone
+    global device, device_type
+    device = device_type = "cpu"
+    torch.set_num_threads(1)
+    step, _ = train_step_fn(kwargs, batch_size, full_logits=full_logits)
+    before = proc_status_mb("VmRSS")  # the model, optimizer and batch are in memory; the step's peak is extra
+    step()
+    step()
+    queue.put(proc_status_mb("VmHWM") - before)
+
+
+def proc_status_mb(field):
+    """VmRSS (now) or VmHWM (peak) of this process in MB, from /proc (Linux). Unlike ru_maxrss, VmHWM starts
+    afresh at exec, so a child's figure does not include its parent's memory."""
+    with open("/proc/self/status") as f:
+        kb = next(line.split()[1] for line in f if line.startswith(field + ":"))
+    return int(kb) / 1024
+
+
+def bench_memory():
+    rows = []
+    configs = [("GPT small", NANOGPT_REF, 16), ("AED small", SMALL_AED, 16)]
+    if not quick:
+        configs += [("GPT author 16M", AUTHOR_GPT, 4), ("AED author 16M", AUTHOR_AED, 4)]
+    for name, kw, bs in configs:
+        row = {"model": name, "batch": f"{bs}x{kw['context_size']}"}
+        for full_logits in (False, True):
+            if device_type == "cuda":
+                step, _ = train_step_fn(kw, bs, full_logits=full_logits)
+                step()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                step()
+                mb = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+            else:
+                ctx = multiprocessing.get_context("spawn")
+                queue = ctx.Queue()
+                p = ctx.Process(target=_memory_probe, args=(kw, bs, full_logits, queue))
+                p.start()
+                p.join()
+                if p.exitcode != 0:
+                    sys.exit(f"error: the memory probe for {name} failed (exit code {p.exitcode})")
+                mb = queue.get()
+            row["full_logits_mb" if full_logits else "chunked_mb"] = mb
+        rows.append(row)
+        print(f"  {name} ({row['batch']}): step peak {row['chunked_mb']:.0f} MB, "
+              f"{row['full_logits_mb']:.0f} MB with the full logits", flush=True)
+    results["memory"] = rows
+
+
+if __name__ == "__main__":
+    try:
+        globals().update(load_config(defaults, sys.argv[1:]))
+        unknown = set(sections.split(",")) - {"train", "generate", "data", "prepare", "memory"}
+        if unknown:
+            raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}: choose from train,generate,data,prepare,memory")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device_type = "cuda" if device.startswith("cuda") else device
+        if device_type not in ("cpu", "cuda") or (device_type == "cuda" and not torch.cuda.is_available()):
+            raise ConfigError(f"device {device!r} is not available here")
+    except ConfigError as e:
+        sys.exit(f"error: {e}")
+    repeats = repeats or (3 if quick else 7)
+    if device_type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    results = {"machine": machine(), "quick": quick}
+    print(f"machine: {results['machine']}", flush=True)
+    t_start = time.time()
+    results["matmul_peak_flops"] = matmul_peak()
+    print(f"matmul peak: {results['matmul_peak_flops'] / 1e9:.0f} GFLOP/s "
+          f"({'fp32' if device_type == 'cpu' else 'bf16'})", flush=True)
+    for section in sections.split(","):
+        print(f"== {section}", flush=True)
+        {"train": bench_train, "generate": bench_generate, "data": bench_data, "prepare": bench_prepare,
+         "memory": bench_memory}[section]()
+    results["seconds"] = time.time() - t_start
+    tmp = out_json + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, out_json)
+    print(f"done in {results['seconds']:.0f} s; figures in {out_json}")

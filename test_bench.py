@@ -1,0 +1,32 @@
+"""bench.py's quick mode, end to end, so the benchmark cannot silently rot."""
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_bench_quick(tmp_path):
+    out = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, "bench.py", "--quick=True", f"--out_json={out}"], cwd=HERE,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert r["machine"]["threads"] >= 1 and r["matmul_peak_flops"] > 0
+    runs = {row["run"]: row for row in r["train"]}
+    assert {"nanoGPT-style step (full logits)", "ours, eager", "AED small eager", "GPT small eager"} <= set(runs)
+    assert all(row["tokens_per_s"] > 0 and 0 < row["share_of_matmul_peak"] < 2 for row in r["train"])
+    assert r["aed_vs_gpt"][0]["params_aed"] < r["aed_vs_gpt"][0]["params_gpt"]
+    assert {(g["model"], g["batch"]) for g in r["generate"]} == {("AED", 1), ("AED", 8), ("GPT", 1), ("GPT", 8)}
+    assert all(g["ms_per_token_cached"] > 0 and g["ms_per_token_uncached"] > 0 for g in r["generate"])
+    assert 0 <= r["data"]["share"] < 1 and r["data"]["step_ms"] > 0
+    assert r["prepare"]["prepare_mb_per_s"] > 0 and r["prepare"]["prepare_peak_rss_mb"] > 0
+    # the chunked loss must not need more memory than the full logits
+    assert all(m["chunked_mb"] <= m["full_logits_mb"] for m in r["memory"])
+
+
+def test_bench_bad_option():
+    p = subprocess.run([sys.executable, "bench.py", "--quik=True"], cwd=HERE, capture_output=True, text=True)
+    assert p.returncode == 1 and "quick" in p.stderr and "Traceback" not in p.stderr
