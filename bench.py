@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from configurator import ConfigError, load_config
+from configurator import ConfigError, collect_defaults, load_config
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -36,7 +36,7 @@ repeats = 0  # timed repetitions per measurement; 0: 3 with quick, else 7
 out_json = "bench.json"
 sections = "train,generate,data,prepare,memory"  # which parts to run, comma-separated
 # -----------------------------------------------------------------------------
-defaults = {k: v for k, v in globals().items() if not k.startswith("_") and isinstance(v, (bool, int, float, str))}
+defaults = collect_defaults(globals())
 
 # nanoGPT's train.py on its reference config here: 4 layers, 128 wide, 4 heads, GPT-2 vocab, batch 16 x 128
 NANOGPT_REF = dict(arch="gpt", n_layer=4, n_embed=128, n_head=4, context_size=128)
