@@ -7,23 +7,24 @@ out_dir = 'out-cpu-aed-possub'
 dataset = 'wikipedia'
 device = 'cpu'
 dtype = 'float32'
-compile = False  # measured slower than eager on this CPU: see README
-# a short run: higher lr, short warm-up, cosine decay to min_lr by the last step
-batch_size = 16
+compile = False  # no faster than eager on this CPU, and compiling costs 18-27 s: see README
+# a short run: small batches (more steps per token: measured better for the AED model here), a higher lr,
+# a short warm-up and a cosine decay to min_lr by the last step
+batch_size = 8
 gradient_accumulation_steps = 1
 lr = 2e-3
 min_lr = 2e-4
-warmup_iters = 20
-train_steps = 300
-lr_decay_iters = 300
+warmup_iters = 40
+train_steps = 600
+lr_decay_iters = 600
 decay_lr = True
 beta1 = 0.9
 beta2 = 0.95
 weight_decay = 0.1
 grad_clip = 0.0
-est_interval = 75
-est_steps = 6
-log_interval = 25
+est_interval = 150
+est_steps = 12
+log_interval = 50
 
 # model: aed_possub's options at the CPU size of cpu_aed_mse_possub (2 encoder + 2 decoder blocks of width 96)
 arch = 'aed'
