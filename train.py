@@ -9,7 +9,8 @@ DDP on 2 nodes with 8 GPUs each (run on both nodes, with node 0's address as the
 $ torchrun --nnodes=2 --nproc_per_node=8 --rdzv_id=aed --rdzv_backend=c10d \
     --rdzv_endpoint=10.0.0.1:29500 train.py config/aed_mse_possub.py
 Two processes on this CPU (gloo), e.g. to check DDP without GPUs:
-$ torchrun --standalone --nproc_per_node=2 train.py config/cpu_aed_mse_possub.py --device=cpu
+$ torchrun --standalone --nproc_per_node=2 train.py config/cpu_aed_mse_possub.py --device=cpu \
+    --batch_size=4 --gradient_accumulation_steps=2   # the preset's 1 x 8 split over 2 processes
 
 Any key below can be set by a config file (plain Python) and/or --key=value.
 """
@@ -74,7 +75,9 @@ DEFAULTS.update({f.name: f.default for f in dataclasses.fields(ModelConfig)})
 
 def die(msg):
     # bad input or a failed run: one line on stderr, exit status 1, no traceback
-    print(f"error: {msg}", file=sys.stderr, flush=True)
+    # (under torchrun every rank exits, but only rank 0 prints: the errors are the same on all ranks)
+    if int(os.environ.get('RANK', 0)) == 0:
+        print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(1)
 
 
@@ -142,7 +145,8 @@ if device_type == 'cuda' and not torch.cuda.is_available():
 if ddp:
     if gradient_accumulation_steps % world_size:
         die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the "
-            f"number of processes ({world_size})")
+            f"number of processes ({world_size}); e.g. divide batch_size and multiply gradient_accumulation_steps "
+            f"by the same factor")
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
