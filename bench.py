@@ -202,6 +202,9 @@ def run(cmd):
 
 def bench_data():
     """Data loading's share of a training step, from the data_ms train.py logs for every step."""
+    import prepare
+
+    prepare.prepare(log=lambda msg: None)  # the default data, if it is not there yet
     with tempfile.TemporaryDirectory() as tmp:
         steps = 6 if quick else 12
         cmd = [sys.executable, "train.py", f"--out_dir={tmp}", "--arch=gpt", "--n_layer=4", "--n_embed=128",
