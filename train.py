@@ -487,4 +487,5 @@ if master:
           f"{elapsed():.0f} s; checkpoints in {out_dir}", flush=True)
     log_file.close()
 if ddp:
+    dist.barrier()  # rank 0 may still be estimating and saving: tearing gloo down under it aborts
     dist.destroy_process_group()
