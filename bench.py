@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from configurator import ConfigError, collect_defaults, load_config
+from configurator import ConfigError, collect_defaults, die, load_config
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -212,7 +212,7 @@ def run(cmd):
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit code {p.returncode}"
-        sys.exit(f"error: {' '.join(cmd[1:3])} failed: {last}")
+        die(f"{' '.join(cmd[1:3])} failed: {last}")
 
 
 def bench_data():
@@ -269,7 +269,7 @@ def bench_prepare():
         p = subprocess.run([sys.executable, "-c", probe, "prepare.py", f"--input={src}", "--name=bench", "--force",
                             f"--out_dir={tmp}"], capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
         if p.returncode != 0:
-            sys.exit(f"error: prepare.py failed: {p.stderr.strip().splitlines()[-1]}")
+            die(f"prepare.py failed: {p.stderr.strip().splitlines()[-1]}")
         peak_mb = int(p.stderr.split("VmHWM")[-1]) / 1024  # KB -> MB
     row = {"mb": mb, "prepare_mb_per_s": mb / statistics.median(pr),
            "tiktoken_batch_mb_per_s": mb / statistics.median(tk), "prepare_peak_rss_mb": peak_mb}
@@ -322,7 +322,7 @@ def bench_memory():
                 p.start()
                 p.join()
                 if p.exitcode != 0:
-                    sys.exit(f"error: the memory probe for {name} failed (exit code {p.exitcode})")
+                    die(f"the memory probe for {name} failed (exit code {p.exitcode})")
                 mb = queue.get()
             row["full_logits_mb" if full_logits else "chunked_mb"] = mb
         rows.append(row)
@@ -343,7 +343,7 @@ if __name__ == "__main__":
         if device_type not in ("cpu", "cuda") or (device_type == "cuda" and not torch.cuda.is_available()):
             raise ConfigError(f"device {device!r} is not available here")
     except ConfigError as e:
-        sys.exit(f"error: {e}")
+        die(e)
     repeats = repeats or (3 if quick else 7)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -16,11 +16,12 @@ Types are checked against the default: an int is accepted where a float is
 expected (and converted); a None default accepts None, bool, int, float or
 str (ModelConfig validates those fields itself). Any mistake raises
 ConfigError with a one-line message naming the nearest valid key; the scripts
-turn it into `error: ...` on stderr and exit status 1.
+turn it into `error: ...` on stderr and exit status 1 with die().
 """
 import ast
 import difflib
 import os
+import sys
 import types
 
 NONE_OK = (type(None), bool, int, float, str)
@@ -28,6 +29,20 @@ NONE_OK = (type(None), bool, int, float, str)
 
 class ConfigError(Exception):
     pass
+
+
+def die(msg):
+    """Bad input or a failed run: one line on stderr, exit status 1, no traceback. Under torchrun every rank
+    exits, but only rank 0 prints: the errors are the same on all ranks."""
+    if int(os.environ.get('RANK', 0)) == 0:
+        print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def first_line(e):
+    """An exception as one line: its type and the first line of its message."""
+    s = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {s[0] if s else ''}"
 
 
 def nearest_key(key, keys):

@@ -23,6 +23,8 @@ import os
 import sys
 from xml.sax.saxutils import escape
 
+from configurator import die
+
 # what the run's config may differ in and still count as "the same run, another seed"
 SEED_ONLY_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')
 
@@ -30,11 +32,6 @@ SEED_ONLY_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')
 COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f',
           '#edc948', '#b07aa1', '#ff9da7', '#9c755f', '#bab0ac']
 DASHES = ['', '6,3', '2,2', '8,3,2,3']  # cycled once the colours run out
-
-
-def die(msg):
-    print(f"error: {msg}", file=sys.stderr)
-    sys.exit(1)
 
 
 def parse_args(argv):

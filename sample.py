@@ -10,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import ConfigError, collect_defaults, load_config
+from configurator import ConfigError, collect_defaults, die, first_line, load_config
 from model import ModelConfig, build_model
 from tokenizer import get_encoding
 
@@ -28,16 +28,6 @@ dtype = 'auto'            # 'auto' (bfloat16 on cuda if supported, else float16;
 kv_cache = True           # cache attention keys/values; --kv_cache=False recomputes everything per token
 # -----------------------------------------------------------------------------
 DEFAULTS = collect_defaults(globals())
-
-
-def die(msg):
-    print(f"error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def first_line(e):
-    s = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {s[0] if s else ''}"
 
 
 try:

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import ConfigError, collect_defaults, load_config
+from configurator import ConfigError, collect_defaults, die, first_line, load_config
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -71,19 +71,6 @@ MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
 DEFAULTS = collect_defaults(globals())
 DEFAULTS.update({f.name: f.default for f in dataclasses.fields(ModelConfig)})
 # -----------------------------------------------------------------------------
-
-
-def die(msg):
-    # bad input or a failed run: one line on stderr, exit status 1, no traceback
-    # (under torchrun every rank exits, but only rank 0 prints: the errors are the same on all ranks)
-    if int(os.environ.get('RANK', 0)) == 0:
-        print(f"error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(1)
-
-
-def first_line(e):
-    s = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {s[0] if s else ''}"
 
 
 try:
