@@ -115,22 +115,24 @@ class Attention(nn.Module):
         self.resid_dropout = nn.Dropout(dropout_rate)
         self.layer_idx = None  # this layer's slot in a KVCache, set by Transformer
 
-    def forward(self, x, enc=None, cache=None):
-        B, T, C = x.size()  # x: (B, T, C); enc: (B, T, C) encoder output (layer-normed), cross-attention only
+    def forward(self, x, enc=None, cache=None, pos=None):
+        # x: (B, T, C); enc: (B, T, C) encoder output (layer-normed), cross-attention only;
+        # with a KVCache, pos: (T,) the positions of the T tokens, where their keys and values go in the cache
+        B, T, C = x.size()
         if self.cross:
             q, (k, v) = self.q_proj(x), self.kv_proj(enc).split(C, dim=2)
         else:
             q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
-        mask, is_causal = None, True
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # (B, nh, pos + T, hs): every key up to the newest
-            if cache.pos > 0:  # the new queries sit at positions pos..pos+T-1 of the keys
-                is_causal = False
-                if T > 1:
-                    mask = torch.ones(T, cache.pos + T, dtype=torch.bool, device=x.device).tril(diagonal=cache.pos)
         dropout_p = self.dropout_rate if self.training else 0.0  # the author's code also dropped out in eval
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        else:  # k, v: (B, nh, context_size, hs), every cached key; mask: (T, context_size), which each query sees
+            k, v, mask = cache.update(self.layer_idx, pos, k, v)
+            # written out rather than SDPA: for a few queries on CPU, SDPA's kernel costs ~100 us a call, while
+            # torch.compile fuses these ops into the step (the same math; dropout is off when generating)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, context_size)
+            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -163,34 +165,36 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(C, bias=bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, enc=None, cache=None):
+    def forward(self, x, enc=None, cache=None, pos=None):
         if enc is not None and self.cross_first:
-            x = x + self.cross_attn(self.ln_q(x), self.ln_kv(enc), cache)
-        x = x + self.attn(self.ln_1(x), cache=cache)
+            x = x + self.cross_attn(self.ln_q(x), self.ln_kv(enc), cache, pos)
+        x = x + self.attn(self.ln_1(x), cache=cache, pos=pos)
         if enc is not None and not self.cross_first:
-            x = x + self.cross_attn(self.ln_q(x), self.ln_kv(enc), cache)
+            x = x + self.cross_attn(self.ln_q(x), self.ln_kv(enc), cache, pos)
         return x + self.mlp(self.ln_2(x))
 
 
 class KVCache:
-    """Keys and values of every attention layer (encoder self, decoder self, decoder cross) for positions
-    0..pos-1 of one batch of sequences, in buffers preallocated to context_size. Because every part of the AED
-    is causal, appending a token changes nothing at earlier positions: the cache only ever grows."""
+    """Keys and values of every attention layer (encoder self, decoder self, decoder cross) of one batch of
+    sequences, in buffers of context_size positions; pos of them are filled. Because every part of the AED is
+    causal, appending a token changes nothing at earlier positions: a step only writes the new positions. The
+    buffers never change shape, so one compiled decode step serves every position (compile_decode_step)."""
 
     def __init__(self, n_layers, context_size):
         self.k, self.v = [None] * n_layers, [None] * n_layers
         self.context_size, self.pos = context_size, 0
 
-    def update(self, layer_idx, k, v):
-        # k, v: (B, nh, T, hs) for positions pos..pos+T-1; returns keys and values of positions 0..pos+T-1
-        if self.k[layer_idx] is None:
+    def update(self, layer_idx, pos, k, v):
+        # k, v: (B, nh, T, hs) of the tokens at positions pos (T,). Returns the whole buffers (B, nh, context_size,
+        # hs) and the mask (T, context_size) of the slots each new query may see: those at or before its own position
+        if self.k[layer_idx] is None:  # zeros, not empty: a masked slot gets weight 0, and 0 * NaN garbage is NaN
             B, nh, _, hs = k.shape
-            self.k[layer_idx] = k.new_empty(B, nh, self.context_size, hs)
-            self.v[layer_idx] = v.new_empty(B, nh, self.context_size, hs)
-        end = self.pos + k.size(2)
-        self.k[layer_idx][:, :, self.pos:end] = k
-        self.v[layer_idx][:, :, self.pos:end] = v
-        return self.k[layer_idx][:, :, :end], self.v[layer_idx][:, :, :end]
+            self.k[layer_idx] = k.new_zeros(B, nh, self.context_size, hs)
+            self.v[layer_idx] = v.new_zeros(B, nh, self.context_size, hs)
+        self.k[layer_idx].index_copy_(2, pos, k)
+        self.v[layer_idx].index_copy_(2, pos, v)
+        mask = pos.view(-1, 1) >= torch.arange(self.context_size, device=pos.device)  # (T, context_size)
+        return self.k[layer_idx], self.v[layer_idx], mask
 
 
 class Transformer(nn.Module):
@@ -224,6 +228,7 @@ class Transformer(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
         self.last_ce, self.last_embedding_loss = None, None
+        self.compiled_decode_step = None  # see compile_decode_step
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -241,19 +246,20 @@ class Transformer(nn.Module):
         c = self.config
         return 6 * self.get_num_params() + 12 * len(self.attention_layers) * c.n_embed * c.context_size
 
-    def hidden_states(self, idx, cache=None):
-        """The final hidden states (B, T, C), just before the tied head, of tokens idx (B, T) at positions
-        cache.pos..cache.pos+T-1 (0..T-1 without a cache). Also returns E and enc for the embedding loss."""
+    def hidden_states(self, idx, cache=None, pos=None):
+        """The final hidden states (B, T, C), just before the tied head, of tokens idx (B, T) at positions pos (T,),
+        0..T-1 unless given; with a KVCache their keys and values are written to it at pos, and attention reads
+        every cached position up to its own. Also returns E and enc for the embedding loss."""
         c = self.config
         B, T = idx.size()
-        start = 0 if cache is None else cache.pos
-        if start + T > c.context_size:
-            raise ValueError(f"sequence length {start + T} is longer than context_size {c.context_size}")
-        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)  # (T,)
+        if pos is None:
+            if T > c.context_size:
+                raise ValueError(f"sequence length {T} is longer than context_size {c.context_size}")
+            pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
         E = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         x = E
         for block in self.blocks:
-            x = block(x, cache=cache)
+            x = block(x, cache=cache, pos=pos)
         if self.decoder_blocks is None:
             return self.ln_f(x), E, None
         enc = x  # (B, T, C), no final LayerNorm
@@ -261,7 +267,7 @@ class Transformer(nn.Module):
         if c.add_pos_embed_to_decoder:
             dec = dec + self.wpe(pos + 1)
         for block in self.decoder_blocks:
-            dec = block(dec, enc=enc, cache=cache)
+            dec = block(dec, enc=enc, cache=cache, pos=pos)
         out = self.ln_f(dec)
         if c.sub_pos_embed_to_decoder != "NO":  # remove the position of the token being predicted, t + 1
             out = out - self.wpe(pos + 1)
@@ -327,6 +333,17 @@ class Transformer(nn.Module):
     def new_kv_cache(self):
         return KVCache(len(self.attention_layers), self.config.context_size)
 
+    def last_logits(self, idx, cache, pos):
+        """Logits (B, vocab_size) of the token after idx (B, T) at positions pos (T,), run against cache."""
+        out, _, _ = self.hidden_states(idx, cache, pos)
+        return F.linear(out[:, -1, :], self.wte.weight)  # only the last position goes through the head
+
+    def compile_decode_step(self, **compile_kwargs):
+        """Run the one-token cached steps of next_logits (all but the first) through torch.compile. The cache
+        and position tensors keep their shapes, so one compilation serves every position; compiling fuses the
+        hundreds of small per-token ops, whose overhead is a large part of an eager step on CPU."""
+        self.compiled_decode_step = torch.compile(self.last_logits, dynamic=False, fullgraph=True, **compile_kwargs)
+
     @torch.no_grad()
     def next_logits(self, idx, cache=None):
         """Logits (B, vocab_size) of the token following idx (B, T), looking at the last context_size tokens.
@@ -337,16 +354,21 @@ class Transformer(nn.Module):
         which gives exactly the sliding-window logits at the cost of an uncached step."""
         window = idx[:, -self.config.context_size:]
         if cache is None:
-            out, _, _ = self.hidden_states(window)
+            return self.last_logits(window, None, None)
+        if idx.size(1) > self.config.context_size:
+            cache.pos, new = 0, window
         else:
-            if idx.size(1) > self.config.context_size:
-                cache.pos = 0
-                new = window
-            else:
-                new = idx[:, cache.pos:]
-            out, _, _ = self.hidden_states(new, cache)
-            cache.pos += new.size(1)
-        return F.linear(out[:, -1, :], self.wte.weight)  # only the last position goes through the head
+            # a copy with its own strides: a view into the growing idx would have a new stride at every step, and
+            # each new stride would make a compiled step recompile
+            new = idx[:, cache.pos:].clone(memory_format=torch.contiguous_format)
+        pos = torch.arange(cache.pos, cache.pos + new.size(1), device=idx.device)  # (T,)
+        # the first call fills (and allocates) the cache; after that, single tokens may take the compiled step
+        step = self.last_logits
+        if new.size(1) == 1 and cache.pos > 0 and self.compiled_decode_step is not None:
+            step = self.compiled_decode_step
+        logits = step(new, cache, pos)
+        cache.pos += new.size(1)
+        return logits
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, kv_cache=True):

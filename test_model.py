@@ -561,6 +561,27 @@ def test_kv_cache_multi_token_steps(kw):
             torch.testing.assert_close(cached, m(seq[:, :t])[0][:, -1], atol=1e-4, rtol=0, msg=f"after {t} tokens")
 
 
+def test_compiled_decode_step_matches_uncached():
+    """compile_decode_step (torch.compile, inductor): the compiled one-token steps give the uncached sliding-window
+    logits at every step, past context_size too, from one compilation (a recompile per position would fail)."""
+    cfg = tiny(context_size=8, sub_pos_embed_to_decoder="YES_NO_LN", embedding_loss_type="MSE", use_bias=True)
+    m = make(cfg).eval()
+    seq, _ = batch(cfg, T=cfg.context_size + 5)  # (2, 13)
+    torch._dynamo.reset()
+    m.compile_decode_step()
+    with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
+        for _ in range(2):  # a second cache: the same compiled step, no recompile
+            cache = m.new_kv_cache()
+            for t in range(1, seq.size(1) + 1):
+                cached = m.next_logits(seq[:, :t], cache)
+                expected = m(seq[:, max(0, t - cfg.context_size):t])[0][:, -1]
+                torch.testing.assert_close(cached, expected, atol=1e-4, rtol=0, msg=f"step {t}")
+        # generate grows idx by one token a step: the step's input must not bring a new stride each time
+        compiled = m.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1)
+    m.compiled_decode_step = None
+    assert torch.equal(compiled, m.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1, kv_cache=False))
+
+
 @pytest.mark.parametrize("kw", CACHE_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
 def test_generate_cache_equals_no_cache(kw):
     """generate gives the same tokens with and without the KV cache, past context_size: greedy (top_k=1),
