@@ -26,6 +26,7 @@ seed = 1337
 device = 'auto'           # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'            # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere), or name one
 kv_cache = True           # cache attention keys/values; --kv_cache=False recomputes everything per token
+compile = False           # torch.compile the one-token cached step: pays off over many tokens (see README)
 # -----------------------------------------------------------------------------
 DEFAULTS = collect_defaults(globals())
 
@@ -76,6 +77,8 @@ except (ValueError, TypeError, RuntimeError) as e:
     die(f"{ckpt_path} is incompatible with this model.py: {first_line(e)}")
 model.eval()
 model.to(device)
+if compile and kv_cache:
+    model.compile_decode_step()
 
 # the prompt
 if start.startswith('FILE:'):
@@ -92,7 +95,8 @@ if max(start_ids) >= model_config.vocab_size:
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]  # (1, T)
 
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
-      f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}", file=sys.stderr, flush=True)
+      f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' if compile and kv_cache else ''}",
+      file=sys.stderr, flush=True)
 with torch.no_grad():
     with autocast:
         for _ in range(num_samples):

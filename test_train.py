@@ -232,17 +232,17 @@ def test_train_kill_resume_sample(tmp_path):
     p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--n_embed=32')
     assert_one_line_error(p, 'cannot change n_embed when resuming')
 
-    # sample from it, with and without the KV cache
+    # sample from it, without the KV cache, with it, and with it and the compiled one-token step
     prompt = tmp_path / 'prompt.txt'
     prompt.write_text('The first of the')  # GPT-2 ids 464, 717, 286, 262: all < vocab_size 1024
     outs = []
-    for kv in ('True', 'False'):
+    for flags in (['--kv_cache=False'], ['--kv_cache=True'], ['--kv_cache=True', '--compile=True']):
         p = run('sample.py', f'--out_dir={killed}', f'--start=FILE:{prompt}', '--num_samples=2',
-                '--max_new_tokens=20', '--device=cpu', '--top_k=0', f'--kv_cache={kv}')
+                '--max_new_tokens=20', '--device=cpu', '--top_k=0', *flags)
         assert p.returncode == 0, p.stderr
         assert p.stdout.count('---------------') == 2 and p.stdout.startswith('The first of the')
         outs.append(p.stdout)
-    assert outs[0] == outs[1]  # same seed, same samples: the cache changes speed, not results
+    assert outs[0] == outs[1] == outs[2]  # same seed, same samples: the cache and compiling change speed only
 
 
 def test_nan_loss_stops_without_saving(tmp_path):
