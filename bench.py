@@ -177,33 +177,62 @@ def bench_train():
     results["train"] = rows
 
 
+def weight_read_ms(n_elements, batch):
+    """ms for a (batch x 150) @ (150 x n/150) fp32 matmul: reading that many weights once, the least a one-token
+    step of a model with n_elements parameters can cost at this batch, since it must read every weight."""
+    w = torch.randn(n_elements // 150, 150, device=device)
+    x = torch.randn(batch, 150, device=device)
+    return 1000 * interleaved({"matvec": lambda: torch.nn.functional.linear(x, w)}, 3 * repeats)["matvec"]
+
+
 def bench_generate():
-    """ms per new token from a 1-token prompt until the context (200) is full, with and without the cache."""
+    """ms per new token from a 1-token prompt until the context (200) is full: without the cache, with it
+    (eager), and with it and the compiled decode step (compile_decode_step; not in quick mode)."""
     rows = []
     configs = [("AED", SMALL_AED), ("GPT", NANOGPT_REF)] if quick else [("AED", AUTHOR_AED), ("GPT", AUTHOR_GPT)]
+    modes = ("uncached", "cached") if quick else ("uncached", "cached", "compiled")
     for name, kw in configs:
         kw = dict(kw, context_size=200)
         torch.manual_seed(0)
         model = build_model(ModelConfig(**kw)).to(device).eval()
+        n_weights = sum(p.numel() for p in model.parameters())
         for batch in (1, 8):
             idx = torch.zeros(batch, 1, dtype=torch.long, device=device)
             new = kw["context_size"] - 1
-            for kv in (True, False):  # a short warm-up: a full uncached run of the 16M models takes ~45 s
-                model.generate(idx, 5, kv_cache=kv)
-            t = {True: [], False: []}
+            compile_s, compiled_step = None, None
+            if "compiled" in modes:
+                t0 = time.perf_counter()
+                model.compile_decode_step()
+                model.generate(idx, 3)  # the first one-token step compiles (once per batch size)
+                compile_s = time.perf_counter() - t0
+                compiled_step = model.compiled_decode_step
+
+            def generate(mode, n_tokens):
+                model.compiled_decode_step = compiled_step if mode == "compiled" else None
+                t0 = time.perf_counter()
+                model.generate(idx, n_tokens, kv_cache=mode != "uncached")
+                sync()
+                return time.perf_counter() - t0
+
+            for mode in modes:  # a short warm-up: a full uncached run of the 16M models at batch 8 takes ~40 s
+                generate(mode, 5)
+            times = {mode: [] for mode in modes}
             for _ in range(max(1, repeats // 3)):  # interleaved
-                for kv in (True, False):
-                    t0 = time.perf_counter()
-                    model.generate(idx, new, kv_cache=kv)
-                    sync()
-                    t[kv].append(time.perf_counter() - t0)
-            t = {kv: statistics.median(ts) for kv, ts in t.items()}
+                for mode in modes:
+                    times[mode].append(generate(mode, new))
+            ms = {mode: 1000 * statistics.median(t) / new for mode, t in times.items()}
+            floor = weight_read_ms(n_weights, batch)
             row = {"model": name, "params": model.get_num_params(), "batch": batch, "new_tokens": new,
-                   "ms_per_token_cached": 1000 * t[True] / new, "ms_per_token_uncached": 1000 * t[False] / new,
-                   "speedup": t[False] / t[True]}
+                   "weights_mb": 4 * n_weights / 1e6, "ms_per_token_weight_read": floor,
+                   "compile_s": compile_s, **{f"ms_per_token_{m}": v for m, v in ms.items()},
+                   **{f"speedup_{m}": ms["uncached"] / ms[m] for m in modes if m != "uncached"},
+                   "speedup_bound": ms["uncached"] / floor}
             rows.append(row)
-            print(f"  {name} ({row['params']:,} params) batch {batch}: {row['ms_per_token_cached']:.2f} ms/token cached, "
-                  f"{row['ms_per_token_uncached']:.2f} uncached: {row['speedup']:.1f}x", flush=True)
+            print(f"  {name} ({row['params']:,} params) batch {batch}: ms/token "
+                  + ", ".join(f"{m} {v:.2f}" for m, v in ms.items())
+                  + f"; reading the {row['weights_mb']:.0f} MB of weights once {floor:.2f}"
+                  + (f"; compile {compile_s:.0f} s" if compile_s else ""), flush=True)
+        model.compiled_decode_step = None
     results["generate"] = rows
 
 
