@@ -222,8 +222,10 @@ def bench_generate():
                     times[mode].append(generate(mode, new))
             ms = {mode: 1000 * statistics.median(t) / new for mode, t in times.items()}
             floor = weight_read_ms(n_weights, batch)
+            # what the fixed-shape cache holds, and each step reads in full: keys and values of every slot
+            cache_mb = 2 * len(model.attention_layers) * batch * kw["context_size"] * kw["n_embed"] * 4 / 1e6
             row = {"model": name, "params": model.get_num_params(), "batch": batch, "new_tokens": new,
-                   "weights_mb": 4 * n_weights / 1e6, "ms_per_token_weight_read": floor,
+                   "weights_mb": 4 * n_weights / 1e6, "kv_cache_mb": cache_mb, "ms_per_token_weight_read": floor,
                    "compile_s": compile_s, **{f"ms_per_token_{m}": v for m, v in ms.items()},
                    **{f"speedup_{m}": ms["uncached"] / ms[m] for m in modes if m != "uncached"},
                    "speedup_bound": ms["uncached"] / floor}
@@ -231,6 +233,7 @@ def bench_generate():
             print(f"  {name} ({row['params']:,} params) batch {batch}: ms/token "
                   + ", ".join(f"{m} {v:.2f}" for m, v in ms.items())
                   + f"; reading the {row['weights_mb']:.0f} MB of weights once {floor:.2f}"
+                  + f"; KV cache {cache_mb:.0f} MB"
                   + (f"; compile {compile_s:.0f} s" if compile_s else ""), flush=True)
         model.compiled_decode_step = None
     results["generate"] = rows
