@@ -2,7 +2,7 @@
 # The author's eight runs (SPEC section 4) at CPU scale, plus a second seed of the key pair
 # (aed_mse_possub vs baseline), then the results table and chart (experiments/results.{md,svg}).
 #
-# $ bash experiments/cpu_runs.sh          (from anywhere; ~70 min on a 2-core CPU VM)
+# $ bash experiments/cpu_runs.sh          (from anywhere; 53 min on an idle 2-core CPU VM)
 #
 # Runs go to out-cpu-experiment/<run>, not to the configs' own out dirs, so a preset run by hand
 # (python train.py config/cpu_baseline.py) never mixes with these. After an interruption the same
