@@ -41,6 +41,8 @@ if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
     die(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
 if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature <= 0:
     die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature > 0")
+if compile and not kv_cache:
+    die("--compile=True compiles the cached one-token step: it needs --kv_cache=True")
 
 if device == 'auto':
     device = 'cuda' if torch.cuda.is_available() else 'cpu'
@@ -77,7 +79,7 @@ except (ValueError, TypeError, RuntimeError) as e:
     die(f"{ckpt_path} is incompatible with this model.py: {first_line(e)}")
 model.eval()
 model.to(device)
-if compile and kv_cache:
+if compile:
     model.compile_decode_step()
 
 # the prompt
@@ -95,7 +97,7 @@ if max(start_ids) >= model_config.vocab_size:
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]  # (1, T)
 
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
-      f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' if compile and kv_cache else ''}",
+      f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' if compile else ''}",
       file=sys.stderr, flush=True)
 with torch.no_grad():
     with autocast:

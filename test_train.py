@@ -177,6 +177,8 @@ def test_script_errors_are_one_line(tmp_path):
     (tmp_path / 'junk' / 'ckpt_best.pt').write_bytes(b'not a checkpoint')
     p = run('sample.py', f'--out_dir={tmp_path}/junk')
     assert_one_line_error(p, 'cannot read', 'not a checkpoint written by train.py')
+    p = run('sample.py', f'--out_dir={tmp_path}/junk', '--compile=True', '--kv_cache=False')
+    assert_one_line_error(p, '--compile=True', 'needs --kv_cache=True')
 
 
 # ----------------------------------------------------------------------------- training runs
