@@ -1,13 +1,13 @@
 """
 Speed and memory of the whole pipeline, measured on this machine:
   1. training steps: GPT and AED at matched size, eager and compiled, against a nanoGPT-style step
-  2. generation with and without the KV cache
+  2. generation: without the KV cache, with it, and with it and the compiled one-token step
   3. data loading from the memmap, as a share of a training step (read from train.py's own log)
   4. prepare.py's tokenization against tiktoken's encode_ordinary_batch with all cores
   5. peak memory of a training step, with and without the full (B, T, vocab) logits
 Prints a table and writes the figures as JSON (out_json).
 
-    python bench.py            # about 5 minutes on 2 CPU cores
+    python bench.py            # about 9 minutes on 2 CPU cores
     python bench.py --quick=True   # about a minute
 
 Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of each in
@@ -30,7 +30,7 @@ from configurator import ConfigError, collect_defaults, die, load_config
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
-quick = False  # about a minute instead of about five
+quick = False  # about a minute instead of about nine (and no compiled generation)
 device = "auto"  # 'auto' (cuda if available), 'cpu', 'cuda'
 repeats = 0  # timed repetitions per measurement; 0: 3 with quick, else 7
 out_json = "bench.json"

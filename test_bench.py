@@ -5,6 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
+import bench
+from model import ModelConfig, build_model
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -22,6 +28,13 @@ def test_bench_quick(tmp_path):
     assert pair["time_ratio_aed_over_gpt"] > 0 and pair["flops_ratio_aed_over_gpt"] > 1
     assert {(g["model"], g["batch"]) for g in r["generate"]} == {("AED", 1), ("AED", 8), ("GPT", 1), ("GPT", 8)}
     assert all(g["ms_per_token_cached"] > 0 and g["ms_per_token_uncached"] > 0 for g in r["generate"])
+    assert all(0 < g["ms_per_token_weight_read"] and 1 < g["speedup_bound"] for g in r["generate"])
+    # the KV cache size bench reports is what the model really allocates (quick mode: the small AED)
+    aed = build_model(ModelConfig(**dict(bench.SMALL_AED, context_size=200))).eval()
+    for g in (g for g in r["generate"] if g["model"] == "AED"):
+        cache = aed.new_kv_cache()
+        aed.next_logits(torch.zeros(g["batch"], 1, dtype=torch.long), cache)
+        assert g["kv_cache_mb"] * 1e6 == pytest.approx(sum(t.numel() * t.element_size() for t in cache.k + cache.v))
     assert 0 <= r["data"]["share"] < 1 and r["data"]["step_ms"] > 0
     assert r["prepare"]["prepare_mb_per_s"] > 0 and r["prepare"]["prepare_peak_rss_mb"] > 0
     # the chunked loss must not need more memory than the full logits
