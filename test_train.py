@@ -3,6 +3,7 @@ Tests of configurator.py, train.py and sample.py. The scripts run as users run t
 on tiny models and tiny generated data, so the whole file takes well under two minutes on 2 cores.
 """
 import json
+import math
 import os
 import signal
 import subprocess
@@ -309,3 +310,68 @@ def test_torchrun_two_processes_match_one(tmp_path):
     assert p.returncode == 0, p.stderr
     c = load_ckpt(same)
     assert max((b['model'][k] - c['model'][k]).abs().max() for k in c['model']) > 1e-3
+
+
+# ----------------------------------------------------------------------------- the lr schedule
+def author_lr(s, lr, min_lr, warmup_iters, lr_decay_iters):
+    # the author's utils/train.py get_lr, written out (SPEC section 4): s is the 0-based step
+    if s + 1 < warmup_iters:
+        return lr * (s + 1) / warmup_iters
+    if s + 1 > lr_decay_iters:
+        return min_lr
+    ratio = (s + 1 - warmup_iters) / (lr_decay_iters - warmup_iters)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def test_lr_schedule_is_the_authors(tmp_path):
+    """400 steps: 300 of warm-up (the author's), then the cosine, and min_lr past lr_decay_iters."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    p = run('train.py', '--arch=gpt', '--vocab_size=1024', '--n_layer=1', '--n_embed=8', '--n_head=1',
+            '--context_size=8', '--batch_size=1', '--gradient_accumulation_steps=1', '--compile=False',
+            '--device=cpu', '--dtype=float32', f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+            '--train_steps=400', '--lr=9e-4', '--min_lr=9e-5', '--warmup_iters=300', '--lr_decay_iters=380',
+            '--est_interval=1000', '--est_steps=1', '--log_interval=1000')
+    assert p.returncode == 0, p.stderr
+    lrs = [r['lr'] for r in read_log(out) if r['type'] == 'step']
+    assert len(lrs) == 400
+    for s, got in enumerate(lrs):
+        assert got == pytest.approx(author_lr(s, 9e-4, 9e-5, 300, 380), rel=1e-12, abs=0), s
+    assert lrs[0] == 9e-4 / 300 and lrs[299] == 9e-4 and lrs[-1] == 9e-5  # not nanoGPT's 9e-4 / 301 at step 0
+
+
+# ----------------------------------------------------------------------------- train_tokens
+def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
+    """Past the first 3000 train tokens sits an id >= vocab_size: reading a single one of them crashes the
+    embedding or the cross-entropy, so a run that finishes never read past train_tokens."""
+    data = make_data(tmp_path)
+    path = os.path.join(data, 'tiny', 'train.bin')
+    poisoned = np.fromfile(path, dtype=np.uint16)
+    poisoned[3000:] = 1024 + 7  # TINY's vocab_size is 1024
+    poisoned.tofile(path)
+    out = str(tmp_path / 'out')
+    common = TINY + [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--est_interval=5',
+                     '--log_interval=5']
+    p = run('train.py', *common, '--train_tokens=3000', '--train_steps=10')
+    assert p.returncode == 0, p.stderr
+    tokens_per_step = 4 * 2 * 16
+    assert f'epoch {5 * tokens_per_step / 3000:.2f}' in p.stdout  # epochs in the step lines
+    summary = json.load(open(os.path.join(out, 'summary.json')))
+    assert summary['train_tokens'] == 3000 and summary['config']['train_tokens'] == 3000
+    assert summary['epochs'] == round(10 * tokens_per_step / 3000, 4)
+    log = read_log(out)
+    assert log[0]['train_tokens'] == 3000
+    assert [r['epochs'] for r in log if r['type'] == 'est'] == [s * tokens_per_step / 3000 for s in (0, 5, 10)]
+    # a resume takes train_tokens from the checkpoint, without it on the command line
+    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=12', '--device=cpu')
+    assert p.returncode == 0, p.stderr
+    summary = json.load(open(os.path.join(out, 'summary.json')))
+    assert summary['step'] == 12 and summary['train_tokens'] == 3000
+    # the same run on the whole file does read the poisoned tail (so the check above can fail)
+    p = run('train.py', *common[:-3], f'--out_dir={tmp_path / "all"}', '--train_steps=10', '--est_interval=100')
+    assert p.returncode != 0
+    # a limit the file cannot meet, or too small for one sequence: one line each
+    p = run('train.py', *common, '--train_tokens=6001', '--train_steps=1')
+    assert_one_line_error(p, 'train_tokens (6,001) is more than', 'train.bin holds (6,000)')
+    p = run('train.py', *common, '--train_tokens=17', '--train_steps=1')
+    assert_one_line_error(p, 'train_tokens (17) is too small for one batch')

@@ -47,6 +47,7 @@ wandb_run_name = ''    # '' -> the out_dir name
 # data
 data_dir = 'data'
 dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.py makes them)
+train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it); val is unchanged
 batch_size = 50        # sequences per micro-step per process
 gradient_accumulation_steps = 16  # micro-steps per optimizer step, in total: split across DDP ranks
 # AdamW and the lr schedule
@@ -108,7 +109,7 @@ if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
 for k in ('batch_size', 'gradient_accumulation_steps', 'est_interval', 'est_steps', 'log_interval'):
     if config[k] < 1:
         die(f"{k} must be >= 1, got {config[k]}")
-for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters'):
+for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters', 'train_tokens'):
     if config[k] < 0:
         die(f"{k} must be >= 0, got {config[k]}")
 if decay_lr and lr_decay_iters <= warmup_iters:
@@ -166,6 +167,17 @@ def open_split(split):
 
 
 train_data, val_data = open_split('train'), open_split('val')
+if train_tokens:
+    # the data-constrained regime: batches (and train-loss estimates) come from this prefix only
+    if train_tokens > len(train_data):
+        die(f"train_tokens ({train_tokens:,}) is more than {data_dir}/{dataset}/train.bin holds ({len(train_data):,})")
+    if train_tokens < context_size + 2:
+        die(f"train_tokens ({train_tokens}) is too small for one batch: needs at least context_size + 2 = {context_size + 2}")
+    train_data = train_data[:train_tokens]  # still a memmap: nothing past the prefix is ever read
+
+
+def epochs(step):
+    return step * tokens_per_step / len(train_data)  # passes over the training tokens, on average
 meta_path = os.path.join(data_dir, dataset, 'meta.json')
 if os.path.isfile(meta_path):
     with open(meta_path) as f:
@@ -198,15 +210,17 @@ def est_offsets(split_id, data):
     return rng.integers(0, len(data) - context_size, size=(est_steps, batch_size))
 
 
-def get_lr(it):
-    # nanoGPT's schedule: linear warm-up, then cosine decay to min_lr at lr_decay_iters
+def get_lr(step):
+    # the author's schedule (SPEC section 4), with step 0-based: linear warm-up, then cosine decay to min_lr
+    # at lr_decay_iters; both count step + 1 (nanoGPT's warm-up, (step + 1) / (warmup_iters + 1), is up
+    # to 0.33% lower)
     if not decay_lr:
         return lr
-    if it < warmup_iters:
-        return lr * (it + 1) / (warmup_iters + 1)
-    if it > lr_decay_iters:
+    if step + 1 < warmup_iters:
+        return lr * (step + 1) / warmup_iters
+    if step + 1 > lr_decay_iters:
         return min_lr
-    ratio = (it - warmup_iters) / (lr_decay_iters - warmup_iters)
+    ratio = (step + 1 - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
@@ -334,6 +348,7 @@ def write_summary(status, step, last_est):
         'best_val_loss': best_val_loss if best_val_loss < float('inf') else None,
         'final_train_loss': last_est.get('train'), 'final_val_loss': last_est.get('val'),
         'params': raw_model.get_num_params(), 'tokens_seen': step * tokens_per_step,
+        'train_tokens': len(train_data), 'epochs': round(epochs(step), 4),
         'wall_time_s': round(elapsed(), 1), 'world_size': world_size, 'device': device,
         'dtype': dtype, 'compiled': eval_model is not raw_model, 'torch': torch.__version__,
         'config': run_config,
@@ -372,9 +387,10 @@ if master:
     # supersede earlier ones with the same or later step)
     log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a' if init_from == 'resume' else 'w')
     log_record({'type': 'resume' if init_from == 'resume' else 'start', 'step': start_step,
-                'world_size': world_size, 'device': device, 'dtype': dtype, 'config': run_config})
+                'train_tokens': len(train_data), 'world_size': world_size, 'device': device, 'dtype': dtype, 'config': run_config})
     print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
           f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
+          f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} | "
           f"{world_size} process(es), {device}, {dtype}, compile {'on' if eval_model is not raw_model else 'off'} | "
           f"mfu: {peak_note}", flush=True)
     if init_from == 'resume':
@@ -404,7 +420,8 @@ while True:
             print(f"step {step}: train loss {last_est['train']:.4f}, val loss {last_est['val']:.4f}"
                   f"{' (best)' if improved else ''} [{time.time() - t0:.1f} s]", flush=True)
             log_record({'type': 'est', 'step': step, 'train': last_est['train'], 'val': last_est['val'],
-                        'best_val': best_val_loss, 'tokens': step * tokens_per_step, 'time': round(elapsed(), 2)})
+                        'best_val': best_val_loss, 'tokens': step * tokens_per_step, 'epochs': epochs(step),
+                        'time': round(elapsed(), 2)})
             if wandb_log:
                 wandb.log({'step': step, 'est/train': last_est['train'], 'est/val': last_est['val']})
             save_checkpoint(step, also_best=improved)
@@ -459,12 +476,12 @@ while True:
         mfu = flops_per_step / dt / world_size / peak_flops if peak_flops else None
         log_record({'type': 'step', 'step': step, 'loss': loss_v, 'ce': ce_v, 'emb': emb_v, 'lr': lr_now,
                     'ms': round(dt * 1000, 2), 'data_ms': round(data_s * 1000, 3), 'tok_s': round(tok_s, 1), 'mfu': mfu,
-                    'tokens': step * tokens_per_step, 'time': round(elapsed(), 2)})
+                    'tokens': step * tokens_per_step, 'epochs': epochs(step), 'time': round(elapsed(), 2)})
         if step % log_interval == 0 or step == train_steps:
             emb_txt = f" | emb {emb_v:.3e}" if emb_v is not None else ""
             mfu_txt = f" | mfu {mfu * 100:.1f}%" if mfu is not None else ""
             print(f"step {step}/{train_steps} | loss {loss_v:.4f} | ce {ce_v:.4f}{emb_txt} | lr {lr_now:.2e} | "
-                  f"{dt * 1000:.0f} ms | {tok_s:,.0f} tok/s{mfu_txt}", flush=True)
+                  f"epoch {epochs(step):.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s{mfu_txt}", flush=True)
             if wandb_log:
                 wandb.log({'step': step, 'train/loss': loss_v, 'train/ce': ce_v, 'train/emb': emb_v, 'lr': lr_now,
                            'tok_s': tok_s, 'mfu': mfu})
