@@ -9,13 +9,18 @@ Options (--key=value):
   --svg=PATH     write the chart here (val loss vs step, one line per run)
   --md=PATH      write the markdown table here (it is always printed)
   --train=True   also draw the train-loss estimates, dashed
+  --x=epochs     the chart's x axis in epochs (passes over the training tokens) instead of steps
+  --compare=A,B  the difference A - B of two configs' final and best val loss, paired by seed (A and B name
+                 a run, or a group of runs that differ only in the seed, by its first run's name)
   --ymin=, --ymax=  fix the chart's loss axis (default: fit the curves, ignoring the step-0 estimate)
   --title=TEXT   chart title
 
 Each run directory is what train.py writes: log.jsonl (one JSON record per line: 'start' or 'resume',
 'step', 'est', 'stop') and summary.json. Train and val loss are the run's last estimate (eval-mode
-cross-entropy, as the author reported them); the embedding loss is the unweighted training-batch
-embedding loss of the last step. Uses only the standard library.
+cross-entropy, as the author reported them); best val is the lowest val estimate and its step; the
+embedding loss is the unweighted training-batch embedding loss of the last step. Runs that differ only in
+the seed are a group: the report gives each group's mean, sample standard deviation and min-max of the
+final and of the best val loss. Uses only the standard library.
 """
 import json
 import math
@@ -35,7 +40,8 @@ DASHES = ['', '6,3', '2,2', '8,3,2,3']  # cycled once the colours run out
 
 
 def parse_args(argv):
-    opts = {'svg': None, 'md': None, 'train': False, 'ymin': None, 'ymax': None, 'title': None}
+    opts = {'svg': None, 'md': None, 'train': False, 'ymin': None, 'ymax': None, 'title': None, 'x': 'step',
+            'compare': None}
     dirs = []
     for arg in argv:
         if not arg.startswith('--'):
@@ -43,11 +49,21 @@ def parse_args(argv):
             continue
         key, eq, value = arg[2:].partition('=')
         if key not in opts or not eq:
-            die(f"unknown option '{arg}' (options: --svg=PATH --md=PATH --train=True --ymin=X --ymax=X --title=TEXT)")
+            die(f"unknown option '{arg}' (options: --svg=PATH --md=PATH --train=True --x=step|epochs --compare=A,B "
+                f"--ymin=X --ymax=X --title=TEXT)")
         if key == 'train':
             if value.lower() not in ('true', 'false'):
                 die(f"--train must be True or False, got '{value}'")
             opts[key] = value.lower() == 'true'
+        elif key == 'x':
+            if value not in ('step', 'epochs'):
+                die(f"--x must be step or epochs, got '{value}'")
+            opts[key] = value
+        elif key == 'compare':
+            pair = value.split(',')
+            if len(pair) != 2 or not all(pair):
+                die(f"--compare takes two names, A,B; got '{value}'")
+            opts[key] = pair
         elif key in ('ymin', 'ymax'):
             try:
                 opts[key] = float(value)
@@ -114,12 +130,15 @@ def load_run(run_dir):
         'config': config,
         'seed': config.get('seed'),
         'curve': [(r['step'], r['train'], r['val']) for r in ests],  # (step, train, val)
+        'epochs_at': [r.get('epochs') for r in ests],  # None in logs written before train_tokens existed
         'train': ests[-1]['train'], 'val': ests[-1]['val'],
         'best_val': min(r['val'] for r in ests),
+        'best_step': min(ests, key=lambda r: r['val'])['step'],
         'emb': last.get('emb'),
         'params': summary.get('params'),
         'step': ests[-1]['step'] if not steps else max(last['step'], ests[-1]['step']),
         'tokens': summary.get('tokens_seen', last.get('tokens', 0)),
+        'epochs': summary.get('epochs', last.get('epochs')),
         'wall': summary.get('wall_time_s', max(last.get('time', 0), ests[-1].get('time', 0))),
         'status': summary.get('status', 'no summary.json'),
     }
@@ -137,15 +156,18 @@ def fmt_wall(s):
 
 
 def table(runs):
-    lines = ["| run | train loss | val loss | embedding loss | params | seed | steps | tokens | wall time |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | train loss | val loss | best val (step) | embedding loss | params | seed | steps | epochs | tokens "
+             "| wall time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         name = r['name'] if r['status'] == 'finished' else f"{r['name']} ({r['status']})"
         emb = f"{r['emb']:.3e}" if r['emb'] is not None else "N/A"
         params = f"{r['params']:,}" if r['params'] is not None else "?"
         seed = str(r['seed']) if r['seed'] is not None else "?"
-        lines.append(f"| {name} | {r['train']:.3f} | {r['val']:.3f} | {emb} | {params} | {seed} | "
-                     f"{r['step']:,} | {fmt_tokens(r['tokens'])} | {fmt_wall(r['wall'])} |")
+        epochs = f"{r['epochs']:.2f}" if r['epochs'] is not None else "?"
+        lines.append(f"| {name} | {r['train']:.3f} | {r['val']:.3f} | {r['best_val']:.3f} ({r['best_step']:,}) | "
+                     f"{emb} | {params} | {seed} | {r['step']:,} | {epochs} | {fmt_tokens(r['tokens'])} | "
+                     f"{fmt_wall(r['wall'])} |")
     return lines
 
 
@@ -156,20 +178,57 @@ def config_key(r):
     return json.dumps({k: v for k, v in r['config'].items() if k not in SEED_ONLY_KEYS}, sort_keys=True)
 
 
-def seed_groups(runs):
-    # the seed noise: the spread of runs that differ only in the seed
-    groups = {}
+def groups_of(runs):
+    # {first run's name: [runs that differ from it only in the seed]}, in the order given
+    groups, name_of = {}, {}
     for r in runs:
-        groups.setdefault(config_key(r), []).append(r)
+        name = name_of.setdefault(config_key(r), r['name'])
+        groups.setdefault(name, []).append(r)
+    return groups
+
+
+def stats(values):
+    # mean, sample standard deviation (n - 1), min, max
+    n, mean = len(values), sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, std, min(values), max(values)
+
+
+def fmt_stats(values, signed=False):
+    mean, std, lo, hi = stats(values)
+    f = '+.3f' if signed else '.3f'
+    return f"{mean:{f}} ± {std:.3f} (min {lo:{f}}, max {hi:{f}})"
+
+
+def seed_groups(runs):
+    # the seed noise: mean, std and min-max of the runs that differ only in the seed
     lines = []
-    for group in groups.values():
+    for name, group in groups_of(runs).items():
         if len({r['seed'] for r in group}) < 2:
             continue
-        vals = [r['val'] for r in group]
-        lines.append(f"- {', '.join(r['name'] for r in group)}: the same config with seeds "
-                     f"{', '.join(str(r['seed']) for r in group)}: val loss {', '.join(f'{v:.3f}' for v in vals)} "
-                     f"(mean {sum(vals) / len(vals):.3f}, spread {max(vals) - min(vals):.3f})")
+        lines.append(f"- {name}: {len(group)} seeds ({', '.join(str(r['seed']) for r in group)}): "
+                     f"final val {fmt_stats([r['val'] for r in group])}; "
+                     f"best val {fmt_stats([r['best_val'] for r in group])}")
     return lines
+
+
+def compare(runs, a, b):
+    # A - B, paired by seed: with one seed, two configs see the same training and estimate batches
+    groups = groups_of(runs)
+    for name in (a, b):
+        if name not in groups:
+            die(f"--compare: no run or group named '{name}' (groups: {', '.join(groups)})")
+    by_seed = [{r['seed']: r for r in groups[name]} for name in (a, b)]
+    seeds = [s for s in by_seed[0] if s in by_seed[1]]
+    if not seeds:
+        die(f"--compare: {a} and {b} have no seed in common")
+    pairs = [(by_seed[0][s], by_seed[1][s]) for s in seeds]
+    final = [x['val'] - y['val'] for x, y in pairs]
+    best = [x['best_val'] - y['best_val'] for x, y in pairs]
+    return [f"- {a} - {b}, paired by seed ({', '.join(str(s) for s in seeds)}): "
+            f"final val {fmt_stats(final, signed=True)}; best val {fmt_stats(best, signed=True)}; "
+            f"{a} lower in {sum(d < 0 for d in final)} of {len(final)} (final), "
+            f"{sum(d < 0 for d in best)} of {len(best)} (best)"]
 
 
 # -----------------------------------------------------------------------------
@@ -196,7 +255,13 @@ def fmt_tick(v, step):
     return f"{v:.{decimals}f}" if decimals else f"{v:,.0f}"
 
 
-def svg_chart(runs, train=False, ymin=None, ymax=None, title=None):
+def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step'):
+    if xaxis == 'epochs':
+        # the same curves against passes over the training tokens (train.py logs them with each estimate)
+        for r in runs:
+            if None in r['epochs_at']:
+                die(f"{r['name']}: its log has no epochs (written before train_tokens existed); use --x=step")
+        runs = [dict(r, curve=[(e, t, v) for e, (_, t, v) in zip(r['epochs_at'], r['curve'])]) for r in runs]
     W, H = 900, 480
     left, right, top, bottom = 70, 290, 40, 50  # plot margins; the legend sits on the right
     pw, ph = W - left - right, H - top - bottom
@@ -238,7 +303,8 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None):
         out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#e5e5e5"/>')
         out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{fmt_tick(t, ystep)}</text>')
     out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
-    out.append(f'<text x="{left + pw / 2}" y="{H - 12}" text-anchor="middle">step</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{H - 12}" text-anchor="middle">'
+               f'{"epochs (tokens seen / training tokens)" if xaxis == "epochs" else "step"}</text>')
     out.append(f'<text transform="translate(18 {top + ph / 2}) rotate(-90)" text-anchor="middle">'
                f'{"loss (thick: val, thin dashed: train)" if train else "val loss"}</text>')
     # a colour per config; another seed of the same config gets its colour with a dash pattern
@@ -297,9 +363,13 @@ if __name__ == '__main__':
     groups = seed_groups(runs)
     md = '\n'.join(lines) + '\n'
     if groups:
-        md += '\nSeed noise (runs that differ only in the seed):\n\n' + '\n'.join(groups) + '\n'
+        md += ('\nSeeds (runs that differ only in the seed; mean ± sample std, and min-max):\n\n'
+               + '\n'.join(groups) + '\n')
+    if opts['compare']:
+        md += '\nDifference (negative: the first is lower):\n\n' + '\n'.join(compare(runs, *opts['compare'])) + '\n'
     print(md, end='')
     if opts['md']:
         write_atomic(opts['md'], md)
     if opts['svg']:
-        write_atomic(opts['svg'], svg_chart(runs, opts['train'], opts['ymin'], opts['ymax'], opts['title']))
+        write_atomic(opts['svg'], svg_chart(runs, opts['train'], opts['ymin'], opts['ymax'], opts['title'],
+                                               opts['x']))

@@ -82,12 +82,14 @@ def test_table_chart_resume_and_seeds(tmp_path):
     p = run_report(a, b, c, f'--svg={svg}', f'--md={md}')
     assert p.returncode == 0, p.stderr
     rows = table_rows(p.stdout)
-    assert rows['run-aed'] == ['run-aed', '5.123', '5.679', '4.138e-09', '1,234,567', '1337', '20', '2,000', '1.2 min']
-    assert rows['run-aed-seed2'][1:4] == ['5.200', '5.701', '5.000e-09']
+    assert rows['run-aed'] == ['run-aed', '5.123', '5.679', '5.679 (20)', '4.138e-09', '1,234,567', '1337', '20',
+                               '?', '2,000', '1.2 min']
+    assert rows['run-aed-seed2'][1:5] == ['5.200', '5.701', '5.701 (20)', '5.000e-09']
     g = rows['run-gpt (no summary.json)']
-    assert g[1:7] == ['5.000', '5.900', 'N/A', '?', '1337', '20'] and g[8] == '10 s'
-    assert 'run-aed, run-aed-seed2: the same config with seeds 1337, 2' in p.stdout
-    assert 'mean 5.690, spread 0.022' in p.stdout
+    assert g[1:9] == ['5.000', '5.900', '5.900 (20)', 'N/A', '?', '1337', '20', '?'] and g[10] == '10 s'
+    # the seed group: mean ± sample std (|5.6789 - 5.7011| / sqrt(2) = 0.0157), min-max
+    assert ('- run-aed: 2 seeds (1337, 2): final val 5.690 ± 0.016 (min 5.679, max 5.701); '
+            'best val 5.690 ± 0.016 (min 5.679, max 5.701)') in p.stdout
     assert md.read_text() == p.stdout
 
     root = ET.parse(svg).getroot()
@@ -155,9 +157,10 @@ def test_real_training_run_end_to_end(tmp_path):
     p = run_report(out, f'--svg={svg}')
     assert p.returncode == 0, p.stderr
     row = table_rows(p.stdout)['out-tiny']
-    assert row[1:7] == [f"{last_est['train']:.3f}", f"{last_est['val']:.3f}", f"{last_step['emb']:.3e}",
-                        f"{summary['params']:,}", '1337', '6']
-    assert row[7] == f"{6 * 4 * 16:,}"
+    best = min((r for r in log if r['type'] == 'est'), key=lambda r: r['val'])
+    assert row[1:8] == [f"{last_est['train']:.3f}", f"{last_est['val']:.3f}", f"{best['val']:.3f} ({best['step']})",
+                        f"{last_step['emb']:.3e}", f"{summary['params']:,}", '1337', '6']
+    assert row[8:10] == [f"{6 * 4 * 16 / 3000:.2f}", f"{6 * 4 * 16:,}"]  # epochs, tokens
     paths = ET.parse(svg).getroot().findall(f'.//{SVG}path')
     assert len(paths) == 1 and paths[0].get('d').count('L') == 2  # estimates at steps 0, 3, 6
 
@@ -204,3 +207,55 @@ def test_cpu_configs_mirror_the_author():
     def params(r):
         return build_model(ModelConfig(**{k: cpu[r][k] for k in model_keys})).get_num_params()
     assert params('baseline_small') < params('aed_mse_possub') < params('baseline') == params('baseline_dropout')
+
+
+def test_seed_groups_compare_and_epochs(tmp_path):
+    """Three seeds of two configs: group statistics, the paired A - B difference, and the epochs axis."""
+    dirs = []
+    vals = {'aed': [(3.40, 3.30), (3.50, 3.35), (3.42, 3.42)], 'gpt': [(3.45, 3.31), (3.44, 3.40), (3.50, 3.38)]}
+    for arch, seed_vals in vals.items():
+        for seed, (final, best) in zip((1, 2, 3), seed_vals):
+            cfg = {'arch': arch, 'seed': seed}
+            name = arch if seed == 1 else f'{arch}_seed{seed}'
+            ests = [(0, 10.8, 10.8), (10, 3.0, best), (20, 2.5, final)]
+            recs = fake_records(cfg, ests, None)
+            per_epoch = 10 if arch == 'aed' else 20  # the GPT's 20 steps are one epoch, the AED's two
+            for r in recs:
+                if r['type'] == 'est':
+                    r['epochs'] = r['step'] / per_epoch
+            dirs.append(write_run(tmp_path, name, recs, summary={'status': 'finished', 'config': cfg,
+                                                                 'epochs': 20 / per_epoch}))
+    svg = tmp_path / 'c.svg'
+    p = run_report(*dirs, '--compare=aed,gpt', f'--svg={svg}', '--x=epochs', '--train=True')
+    assert p.returncode == 0, p.stderr
+    rows = table_rows(p.stdout)
+    assert rows['aed_seed2'][3] == '3.350 (10)' and rows['aed_seed3'][3] == '3.420 (10)'  # best val (first step)
+    assert rows['aed'][8] == '2.00' and rows['gpt'][8] == '1.00'  # epochs
+    # aed final 3.40, 3.50, 3.42: mean 3.440, sample std 0.053
+    assert '- aed: 3 seeds (1, 2, 3): final val 3.440 ± 0.053 (min 3.400, max 3.500); ' \
+           'best val 3.357 ± 0.060 (min 3.300, max 3.420)' in p.stdout
+    # paired final differences -0.05, +0.06, -0.08; best -0.01, -0.05, +0.04
+    assert '- aed - gpt, paired by seed (1, 2, 3): final val -0.023 ± 0.074 (min -0.080, max +0.060); ' \
+           'best val -0.007 ± 0.045 (min -0.050, max +0.040); aed lower in 2 of 3 (final), 2 of 3 (best)' in p.stdout
+    root = ET.parse(svg).getroot()
+    texts = [t.text for t in root.iter(SVG + 'text')]
+    assert 'epochs (tokens seen / training tokens)' in texts
+    paths = {pth.find(SVG + 'title').text: pth.get('d') for pth in root.findall(f'.//{SVG}path')
+             if pth.get('stroke-width') == '2'}
+    # on the epochs axis the GPT's curves end half way across the 540 px plot (x from 70 to 610), the AED's at
+    # the right edge; on the step axis both end at the right edge
+    assert paths['gpt'].split()[-1].startswith('L340.0,') and paths['aed'].split()[-1].startswith('L610.0,')
+    assert run_report(*dirs, f'--svg={svg}').returncode == 0
+    paths = [pth.get('d') for pth in ET.parse(svg).getroot().findall(f'.//{SVG}path')]
+    assert all(d.split()[-1].startswith('L610.0,') for d in paths)
+
+    def one_line_error(p, *words):
+        err = p.stderr.strip()
+        assert p.returncode != 0 and err.startswith('error: ') and len(err.splitlines()) == 1, err
+        assert all(w in err for w in words), err
+    one_line_error(run_report(*dirs, '--compare=aed,bert'), "no run or group named 'bert'")
+    one_line_error(run_report(dirs[0], dirs[4], '--compare=aed,gpt_seed2'), 'no seed in common')
+    one_line_error(run_report(*dirs, '--compare=aed'), '--compare takes two names')
+    one_line_error(run_report(*dirs, '--x=tokens'), '--x must be step or epochs')
+    old = write_run(tmp_path, 'old', fake_records({'arch': 'gpt', 'seed': 1}, [(0, 10.8, 10.8), (10, 3.0, 3.0)], None))
+    one_line_error(run_report(old, f'--svg={svg}', '--x=epochs'), 'old: its log has no epochs')
