@@ -13,11 +13,13 @@
 #                        the lr decays to min_lr at the last step, as in the CPU presets
 #   EST_INTERVAL=100     21 estimates a run: enough points to see where val turns, for ~8% of the time
 # 14 runs (the key pair with 3 seeds each, the author's other six once, and the two "next steps" runs of
-# issue 11) take about 4.2 hours on an idle 2-core VM.
+# issue 11), two at a time with one thread each (JOBS=2): one thread makes a run's numbers independent of
+# the machine's core count and load (a 2-thread run on a busy machine also slows 3-10x), and two jobs keep
+# both cores busy. About 4 hours on an idle 2-core VM.
 #
 # $ bash experiments/cpu_data_constrained.sh     (from anywhere; resumable: run it again after a stop)
 #
-# Each run trains in out-cpu-dc/<run> (checkpoints: not in git). When it finishes, its summary.json and
+# Each run trains in out-cpu-dc/<run> (checkpoints: not in git; its output in out-cpu-dc/<run>.log). When it finishes, its summary.json and
 # log.jsonl (estimates, the start/resume records and the last step: not every step) are copied to
 # experiments/data_constrained/<run>/, which is committed; a run found there is skipped, so the
 # experiment continues across machines and sessions from what is in git. An interrupted run resumes from
@@ -33,10 +35,12 @@ RES=${RES:-experiments/data_constrained}
 TRAIN_TOKENS=${TRAIN_TOKENS:-100000}
 STEPS=${STEPS:-2000}
 EST_INTERVAL=${EST_INTERVAL:-100}
+JOBS=${JOBS:-2}
+export OMP_NUM_THREADS=1
 RUNS=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3
       aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec)
 
-echo "=== $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
+echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
 python prepare.py  # data/wikipedia/{train,val}.bin; does nothing when they are up to date
 mkdir -p "$RES"
 
@@ -52,8 +56,11 @@ run() {  # run <run name> <config name> [extra train.py args...]
     if [ -f "$out/ckpt_last.pt" ]; then
         args+=(--init_from=resume)
     fi
-    echo "=== ${args[*]}  ($(date -u +%H:%M:%S))"
-    python train.py "${args[@]}"
+    echo "=== $(date -u +%H:%M:%S) start: ${args[*]}"
+    mkdir -p "$OUT"
+    if ! python train.py "${args[@]}" >> "$out.log" 2>&1; then
+        echo "=== $name failed: the end of $out.log:"; tail -n 5 "$out.log"; return 1
+    fi
     grep -q '"status": "finished"' "$out/summary.json"
     # the committed copy: small (no per-step records but the last), written whole before it counts
     mkdir -p "$res"
@@ -61,7 +68,15 @@ run() {  # run <run name> <config name> [extra train.py args...]
     mv "$res/log.jsonl.tmp" "$res/log.jsonl"
     cp "$out/summary.json" "$res/summary.json.tmp"
     mv "$res/summary.json.tmp" "$res/summary.json"
-    report
+    echo "=== $(date -u +%H:%M:%S) $name finished: $(tail -n 1 "$out.log")"
+}
+
+launch() {  # launch <run name> <config name> [args]: run it in the background once one of the JOBS slots is free
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do
+        wait -n || true  # a failed run does not stop the others; the end says which failed
+        report
+    done
+    run "$@" &
 }
 
 report() {  # tables and charts over the runs finished so far
@@ -91,21 +106,42 @@ report() {  # tables and charts over the runs finished so far
     fi
 }
 
+# Ctrl-C or a kill stops the runs too (background jobs of a script ignore SIGINT by themselves)
+stop_runs() {
+    local p
+    for p in $(jobs -rp); do pkill -TERM -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done
+    wait
+    exit 130
+}
+trap stop_runs INT TERM
 start=$(date +%s)
-run baseline cpu_baseline
-run aed_mse_possub cpu_aed_mse_possub
-run baseline_seed2 cpu_baseline --seed=2
-run aed_mse_possub_seed2 cpu_aed_mse_possub --seed=2
-run baseline_seed3 cpu_baseline --seed=3
-run aed_mse_possub_seed3 cpu_aed_mse_possub --seed=3
-run aed_mse cpu_aed_mse
-run aed_plain cpu_aed_plain
-run aed_possub cpu_aed_possub
-run aed_cosine cpu_aed_cosine
-run baseline_small cpu_baseline_small
-run baseline_dropout cpu_baseline_dropout
+launch baseline cpu_baseline
+launch aed_mse_possub cpu_aed_mse_possub
+launch baseline_seed2 cpu_baseline --seed=2
+launch aed_mse_possub_seed2 cpu_aed_mse_possub --seed=2
+launch baseline_seed3 cpu_baseline --seed=3
+launch aed_mse_possub_seed3 cpu_aed_mse_possub --seed=3
+launch aed_mse cpu_aed_mse
+launch aed_plain cpu_aed_plain
+launch aed_possub cpu_aed_possub
+launch aed_cosine cpu_aed_cosine
+launch baseline_small cpu_baseline_small
+launch baseline_dropout cpu_baseline_dropout
 # the author's "next steps" (issue 11): positional subtraction on the GPT, and 3 encoder + 1 decoder blocks
-run gpt_possub cpu_baseline --sub_pos_embed_to_decoder=YES_NO_LN
-run aed_3enc_1dec cpu_aed_mse_possub --n_layer=3 --n_decoder_layer=1
+launch gpt_possub cpu_baseline --sub_pos_embed_to_decoder=YES_NO_LN
+launch aed_3enc_1dec cpu_aed_mse_possub --n_layer=3 --n_decoder_layer=1
+while [ -n "$(jobs -rp)" ]; do
+    wait -n || true
+    report
+done
+wait || true  # any job that ended between the checks above
 report
 echo "=== this invocation: $(( ($(date +%s) - start) / 60 )) min"
+missing=()
+for r in "${RUNS[@]}"; do
+    grep -qs '"status": "finished"' "$RES/$r/summary.json" || missing+=("$r")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "=== not finished: ${missing[*]} (see $OUT/<run>.log; run the script again to retry)"
+    exit 1
+fi
