@@ -2,11 +2,23 @@
 The auto-regressive encoder-decoder transformer (AED) and the decoder-only GPT baseline it is compared
 to, in one file. Both share the attention, MLP and block code. SPEC.md is the specification.
 
-GPT:  tokens -> wte + wpe -> n_layer causal blocks -> ln_f -> tied head
+GPT:  tokens -> wte + wpe -> n_layer causal blocks -> ln_f [-> minus wpe of the next positions] -> tied head
 AED:  tokens -> wte + wpe = E -> n_layer causal blocks (encoder) = enc
-      enc -> Linear -> n_layer decoder blocks (causal self-attention, causal cross-attention to enc, MLP)
+      enc -> Linear -> n_decoder_layer decoder blocks (causal self-attention, causal cross-attention to enc, MLP)
       -> ln_f -> minus wpe of the next positions -> tied head
-      (+ in training, an "embedding loss" between the cumulative mean of E and enc)
+      (+ in training, an "embedding loss" between the cumulative mean of E, or a learned causal weighting of
+      E, and enc)
+
+Beyond the author (SPEC §6), each one key away and off by default:
+- n_decoder_layer: n_layer encoder blocks, then n_decoder_layer decoder blocks (None: n_layer, the author's
+  model). Each residual stream's output projections are scaled by its own depth: encoder
+  N(0, 0.02 / sqrt(2 * n_layer)), decoder N(0, 0.02 / sqrt(2 * n_decoder_layer)); with equal depths both are
+  SPEC §1's 0.02 / sqrt(2 * n_layer). The decoder stream starts afresh at the bridge, so it is its own sum of
+  residual outputs, the sum GPT-2's scaling keeps in check.
+- sub_pos_embed_to_decoder on arch='gpt': out = ln_f(x) - wpe[1..T] (then ln_post for YES_LN) before the
+  tied head; wpe then has context_size + 1 rows, not counted.
+- embedding_agg_type='LEARNED': avg[t] = sum over s <= t of W[t, s] * E'[s], with W learned and initialised
+  to the cumulative mean (W[t, s] = 1 / (t + 1)), in place of the cumulative mean (see Transformer.aggregate).
 """
 
 import math
@@ -24,6 +36,7 @@ ENUMS = {
     "embedding_loss_type": ("NONE", "MSE", "COSINE", "LOG_COSINE"),
     "detach_type": ("ENCODER_OUT", "EMBEDDING", "NONE"),
     "embedding_ln_type": ("INIT", "AVG_CUM_SUM", "NONE"),
+    "embedding_agg_type": ("MEAN", "LEARNED"),
 }
 # the embedding-loss options, and what None means for each when the loss is on
 EMBEDDING_LOSS_DEFAULTS = {
@@ -31,6 +44,7 @@ EMBEDDING_LOSS_DEFAULTS = {
     "detach_type": "ENCODER_OUT",
     "embedding_ln_type": "INIT",
     "use_ln_on_encoder_out": True,
+    "embedding_agg_type": "MEAN",
 }
 
 
@@ -40,23 +54,25 @@ class ModelConfig:
     vocab_size: int = 50257
     context_size: int = 200
     n_embed: int = 150
-    n_layer: int = 13  # AED: n_layer encoder blocks + n_layer decoder blocks
+    n_layer: int = 13  # AED: n_layer encoder blocks + n_decoder_layer decoder blocks
     n_head: int = 5
     dropout_rate: float = 0.0
     use_bias: bool = False
+    sub_pos_embed_to_decoder: str = "NO"  # NO | YES_NO_LN | YES_LN: subtract wpe[1..T] before the head (both archs)
     # AED only: must stay at these defaults when arch == "gpt"
+    n_decoder_layer: typing.Optional[int] = None  # None -> n_layer
     cross_attn_n_head: typing.Optional[int] = None  # None -> 2 * n_head
     cross_attn_use_bias: typing.Optional[bool] = None  # None -> use_bias
     order_type: str = "ORIGINAL"  # ORIGINAL: self-attn, cross-attn, MLP; ALT: cross-attn first
     add_ln_before_decoder_ff: bool = False  # LayerNorm before the encoder -> decoder Linear
     add_pos_embed_to_decoder: bool = False  # add wpe[1..T] to the decoder input
-    sub_pos_embed_to_decoder: str = "NO"  # NO | YES_NO_LN | YES_LN: subtract wpe[1..T] before the head
     embedding_loss_type: str = "NONE"  # NONE | MSE | COSINE | LOG_COSINE
     # embedding-loss options: None while the loss is NONE; None -> EMBEDDING_LOSS_DEFAULTS when it is on
     embedding_loss_coeff: typing.Optional[float] = None
     detach_type: typing.Optional[str] = None  # ENCODER_OUT | EMBEDDING | NONE
     embedding_ln_type: typing.Optional[str] = None  # INIT | AVG_CUM_SUM | NONE
     use_ln_on_encoder_out: typing.Optional[bool] = None
+    embedding_agg_type: typing.Optional[str] = None  # MEAN (cumulative mean) | LEARNED (learned causal weighting)
 
     def __post_init__(self):
         for f in fields(self):
@@ -81,6 +97,10 @@ class ModelConfig:
                 if f.name in AED_ONLY and getattr(self, f.name) != f.default:
                     raise ValueError(f"{f.name} is an AED option: it must stay {f.default!r} when arch is 'gpt'")
             return
+        if self.n_decoder_layer is None:
+            self.n_decoder_layer = self.n_layer
+        if self.n_decoder_layer < 1:
+            raise ValueError(f"n_decoder_layer must be >= 1 (or None for n_layer), got {self.n_decoder_layer}")
         if self.cross_attn_n_head is None:
             self.cross_attn_n_head = 2 * self.n_head
         if self.cross_attn_n_head < 1 or self.n_embed % self.cross_attn_n_head:
@@ -94,8 +114,8 @@ class ModelConfig:
                 setattr(self, name, default)
 
 
-AED_ONLY = ("cross_attn_n_head", "cross_attn_use_bias", "order_type", "add_ln_before_decoder_ff", "add_pos_embed_to_decoder",
-            "sub_pos_embed_to_decoder", "embedding_loss_type") + tuple(EMBEDDING_LOSS_DEFAULTS)
+AED_ONLY = ("n_decoder_layer", "cross_attn_n_head", "cross_attn_use_bias", "order_type", "add_ln_before_decoder_ff",
+            "add_pos_embed_to_decoder", "embedding_loss_type") + tuple(EMBEDDING_LOSS_DEFAULTS)
 
 
 class Attention(nn.Module):
@@ -204,8 +224,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = c = config
         C, aed = c.n_embed, c.arch == "aed"
-        # the decoder's positional add/subtract uses wpe[1..T], one row past the context
-        shift_pos = aed and (c.add_pos_embed_to_decoder or c.sub_pos_embed_to_decoder != "NO")
+        # the positional add (AED) and subtraction (both archs) use wpe[1..T], one row past the context
+        shift_pos = (aed and c.add_pos_embed_to_decoder) or c.sub_pos_embed_to_decoder != "NO"
         self.wte = nn.Embedding(c.vocab_size, C)  # tied to the output head: logits = out @ wte.weight.T
         self.wpe = nn.Embedding(c.context_size + 1 if shift_pos else c.context_size, C)
         self.drop = nn.Dropout(c.dropout_rate)
@@ -214,19 +234,33 @@ class Transformer(nn.Module):
         if aed:
             self.ln_bridge = nn.LayerNorm(C, bias=c.use_bias) if c.add_ln_before_decoder_ff else None
             self.bridge = nn.Linear(C, C, bias=c.use_bias)  # "the linear pass" from encoder to decoder
-            self.decoder_blocks = nn.ModuleList([Block(c, cross_attn=True) for _ in range(c.n_layer)])
-            self.ln_post = nn.LayerNorm(C, bias=c.use_bias) if c.sub_pos_embed_to_decoder == "YES_LN" else None
+            self.decoder_blocks = nn.ModuleList([Block(c, cross_attn=True) for _ in range(c.n_decoder_layer)])
+        # made here, between the AED's decoder and its loss LayerNorms, where it has always been: a saved optimizer
+        # state follows the order of the parameters
+        self.ln_post = nn.LayerNorm(C, bias=c.use_bias) if c.sub_pos_embed_to_decoder == "YES_LN" else None
+        if aed:
             on = c.embedding_loss_type != "NONE"  # the loss's LayerNorms always have a bias; no loss, no LayerNorms
             self.ln_a = nn.LayerNorm(C) if on and c.embedding_ln_type != "NONE" else None
             self.ln_b = nn.LayerNorm(C) if on and c.use_ln_on_encoder_out else None
+            if c.embedding_agg_type == "LEARNED":
+                # W[t, s] for s <= t only, packed row by row: (0,0), (1,0), (1,1), (2,0), ... There is no entry
+                # for s > t at all, so position t mixes E'[0..t] whatever values training gives the weights.
+                # Cost: context_size * (context_size + 1) / 2 parameters (20,100 at context 200), counted in
+                # get_num_params like ln_a and ln_b (training-only parameters the author counts too). Being 1-D
+                # it gets no weight decay: decay would pull the weights to 0, shrinking the average, not towards
+                # the cumulative mean they start from.
+                rows, cols = torch.tril_indices(c.context_size, c.context_size)  # (n,), (n,)
+                self.embedding_agg = nn.Parameter(1.0 / (rows + 1).float())  # the cumulative mean: 1 / (t + 1)
+                self.register_buffer("embedding_agg_index", torch.stack((rows, cols)), persistent=False)  # (2, n)
         self.ln_f = nn.LayerNorm(C, bias=c.use_bias)
         self.attention_layers = [m for m in self.modules() if isinstance(m, Attention)]
         for i, m in enumerate(self.attention_layers):
             m.layer_idx = i
         self.apply(self._init_weights)
-        for name, p in self.named_parameters():  # residual projections, scaled by depth (GPT-2)
+        for name, p in self.named_parameters():  # residual projections, scaled by their stream's depth (GPT-2)
             if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+                depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth))
         self.last_ce, self.last_embedding_loss = None, None
         self.compiled_decode_step = None  # see compile_decode_step
 
@@ -260,15 +294,15 @@ class Transformer(nn.Module):
         x = E
         for block in self.blocks:
             x = block(x, cache=cache, pos=pos)
-        if self.decoder_blocks is None:
-            return self.ln_f(x), E, None
-        enc = x  # (B, T, C), no final LayerNorm
-        dec = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))
-        if c.add_pos_embed_to_decoder:
-            dec = dec + self.wpe(pos + 1)
-        for block in self.decoder_blocks:
-            dec = block(dec, enc=enc, cache=cache, pos=pos)
-        out = self.ln_f(dec)
+        enc = None
+        if self.decoder_blocks is not None:
+            enc = x  # (B, T, C), no final LayerNorm
+            x = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))
+            if c.add_pos_embed_to_decoder:
+                x = x + self.wpe(pos + 1)
+            for block in self.decoder_blocks:
+                x = block(x, enc=enc, cache=cache, pos=pos)
+        out = self.ln_f(x)
         if c.sub_pos_embed_to_decoder != "NO":  # remove the position of the token being predicted, t + 1
             out = out - self.wpe(pos + 1)
             if self.ln_post is not None:
@@ -286,8 +320,7 @@ class Transformer(nn.Module):
             enc = self.ln_b(enc)
         if c.embedding_ln_type == "INIT":  # normalizing before averaging lets the model weight positions unevenly
             E = self.ln_a(E)
-        T = E.size(1)
-        avg = E.cumsum(dim=1) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)  # (B, T, C)
+        avg = self.aggregate(E)  # (B, T, C)
         if c.embedding_ln_type == "AVG_CUM_SUM":
             avg = self.ln_a(avg)
         if c.embedding_loss_type == "MSE":
@@ -296,6 +329,17 @@ class Transformer(nn.Module):
         if c.embedding_loss_type == "COSINE":
             return (1 - (cos + 1) / 2).mean()
         return -torch.log((cos + 1) / 2).mean()  # LOG_COSINE
+
+    def aggregate(self, E):
+        """avg[t] from E (B, T, C): the cumulative mean (E[0] + ... + E[t]) / (t + 1) for MEAN, sum over s <= t of
+        W[t, s] * E[s] for LEARNED (W starts as the cumulative mean's weights). Either way avg[t] sees E[0..t] only."""
+        T = E.size(1)
+        if self.config.embedding_agg_type == "LEARNED":
+            L = self.config.context_size
+            # (L, L), zero above the diagonal by construction: only the packed s <= t entries are written
+            W = E.new_zeros(L, L).index_put(tuple(self.embedding_agg_index), self.embedding_agg.to(E.dtype))
+            return W[:T, :T] @ E  # (T, T) @ (B, T, C) -> (B, T, C)
+        return E.cumsum(dim=1) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)  # (B, T, C)
 
     def forward(self, idx, targets=None, return_logits=True):
         """idx, targets: (B, T). Returns (logits (B, T, vocab_size) or None, loss or None). In training mode the

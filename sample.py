@@ -67,12 +67,10 @@ except Exception as e:
     die(f"cannot read {ckpt_path}: not a checkpoint written by train.py, or a damaged one ({type(e).__name__})")
 if not isinstance(ckpt, dict) or not isinstance(ckpt.get('config'), dict) or 'model' not in ckpt:
     die(f"{ckpt_path} is not a checkpoint written by train.py")
-model_keys = [f.name for f in dataclasses.fields(ModelConfig)]
-missing = [k for k in model_keys if k not in ckpt['config']]
-if missing:
-    die(f"{ckpt_path} is incompatible with this model.py: its config lacks {', '.join(missing)}")
+# a key the checkpoint lacks was added to model.py after it was written: its default is the model as it was then
+# (as train.py's resume does); a checkpoint that does not fit fails in load_state_dict below
 try:
-    model_config = ModelConfig(**{k: ckpt['config'][k] for k in model_keys})
+    model_config = ModelConfig(**{f.name: ckpt['config'].get(f.name, f.default) for f in dataclasses.fields(ModelConfig)})
     model = build_model(model_config)
     model.load_state_dict(ckpt['model'])
 except (ValueError, TypeError, RuntimeError) as e:

@@ -6,7 +6,7 @@ loops for the cumulative mean of the embedding loss), run in float64 on the mode
     python -m pytest -q test_model.py
 
 Everything runs tiny models (vocab 64, n_embed 32, 2 layers, context 8-16) except the parameter-count tests,
-which only construct the full-size models.
+which build the full-size models on the meta device (shapes without storage).
 """
 
 import dataclasses
@@ -105,13 +105,16 @@ def ref_embedding_loss(E, enc, p, cfg):
         enc = ref_layer_norm(enc, p, "ln_b", True)  # the loss LayerNorms always have a bias
     if cfg.embedding_ln_type == "INIT":
         E = ref_layer_norm(E, p, "ln_a", True)
-    rows = []  # avg[b, t] = (E[b, 0] + ... + E[b, t]) / (t + 1)
+    rows = []  # MEAN: avg[b, t] = (E[b, 0] + ... + E[b, t]) / (t + 1); LEARNED: sum over j <= t of W[t, j] * E[b, j]
     for b in range(B):
         for t in range(T):
             s = torch.zeros(C, dtype=E.dtype)
             for j in range(t + 1):
-                s = s + E[b, j]
-            rows.append(s / (t + 1))
+                if cfg.embedding_agg_type == "LEARNED":  # W packed row by row: W[t, j] is entry t (t + 1) / 2 + j
+                    s = s + p["embedding_agg"][t * (t + 1) // 2 + j] * E[b, j]
+                else:
+                    s = s + E[b, j]
+            rows.append(s if cfg.embedding_agg_type == "LEARNED" else s / (t + 1))
     avg = torch.stack(rows).view(B, T, C)
     if cfg.embedding_ln_type == "AVG_CUM_SUM":
         avg = ref_layer_norm(avg, p, "ln_a", True)
@@ -136,6 +139,7 @@ def ref_forward(p, cfg, idx, targets, training):
     wte, wpe = p["wte.weight"], p["wpe.weight"]
     E = wte[idx] + wpe[:T]  # (B, T, C), positions 0..T-1
     x = E
+    assert f"blocks.{cfg.n_layer}.ln_1.weight" not in p  # exactly n_layer (encoder) blocks
     for i in range(cfg.n_layer):
         x = ref_block(x, p, f"blocks.{i}.", cfg)
     enc = None
@@ -147,13 +151,15 @@ def ref_forward(p, cfg, idx, targets, training):
         dec = ref_linear(h, p, "bridge", cfg.use_bias)
         if cfg.add_pos_embed_to_decoder:
             dec = dec + wpe[1:T + 1]  # positions of the next tokens
-        for i in range(cfg.n_layer):
+        n_dec = cfg.n_layer if cfg.n_decoder_layer is None else cfg.n_decoder_layer  # SPEC §6
+        assert f"decoder_blocks.{n_dec}.ln_1.weight" not in p  # exactly n_dec decoder blocks
+        for i in range(n_dec):
             dec = ref_block(dec, p, f"decoder_blocks.{i}.", cfg, enc=enc)
         out = ref_layer_norm(dec, p, "ln_f", cfg.use_bias)  # ln_f before the subtraction
-        if cfg.sub_pos_embed_to_decoder != "NO":
-            out = out - wpe[1:T + 1]
-            if cfg.sub_pos_embed_to_decoder == "YES_LN":
-                out = ref_layer_norm(out, p, "ln_post", cfg.use_bias)
+    if cfg.sub_pos_embed_to_decoder != "NO":  # both archs (SPEC §3 step 5, §6)
+        out = out - wpe[1:T + 1]
+        if cfg.sub_pos_embed_to_decoder == "YES_LN":
+            out = ref_layer_norm(out, p, "ln_post", cfg.use_bias)
     logits = out @ wte.T  # (B, T, V), tied head without bias
     flat, tgt = logits.reshape(B * T, -1), targets.reshape(-1)
     m = flat.max(-1).values
@@ -207,26 +213,33 @@ def grads(model):
     return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
 
 
-def load_config_file(name):
-    """A config/*.py file (flat `key = value` lines) -> ModelConfig of its model keys."""
+def load_config_file(name, **overrides):
+    """A config/*.py file (flat `key = value` lines) -> ModelConfig of its model keys, then overrides."""
     path = os.path.join(HERE, "config", name)
     assert os.path.exists(path), f"{path} does not exist"
     ns = {}
     with open(path) as f:
         exec(f.read(), ns)
-    return ModelConfig(**{k: v for k, v in ns.items() if k in MODEL_KEYS})
+    return ModelConfig(**{**{k: v for k, v in ns.items() if k in MODEL_KEYS}, **overrides})
 
 
 _full_models = {}
 
 
 def full_model(cfg):
-    # the full-size models take a moment to build: build each distinct config once
+    # counting needs shapes only: the meta device builds even the 124M-parameter models at once, without memory
     key = repr(cfg)
     if key not in _full_models:
-        torch.manual_seed(0)
-        _full_models[key] = build_model(cfg)
+        with torch.device("meta"):
+            _full_models[key] = build_model(cfg)
     return _full_models[key]
+
+
+def aed_num_params(C, V, n_layer, n_decoder_layer, loss_lns=True):
+    """SPEC §3 and §6 by hand: encoder blocks 12C^2 + 2C, decoder blocks 16C^2 + 4C, bridge C^2, ln_f C, ln_a and
+    ln_b 2C each (with the embedding loss), tied wte V * C; no biases, wpe not counted."""
+    return (n_layer * (12 * C * C + 2 * C) + n_decoder_layer * (16 * C * C + 4 * C) + C * C + C
+            + (4 * C if loss_lns else 0) + V * C)
 
 
 BASELINE = dict(arch="gpt", n_embed=160, n_layer=26, n_head=10, context_size=200)
@@ -242,13 +255,69 @@ AED_MSE_POSSUB = dict(arch="aed", n_embed=150, n_layer=13, n_head=5, cross_attn_
 @pytest.mark.parametrize("fname,expected", [
     ("baseline.py", 16_036_800),
     ("baseline_small.py", 15_441_192),
+    ("baseline_dropout.py", 16_036_800),
     ("aed_mse_possub.py", 15_763_500),
+    ("aed_mse.py", 15_763_500),
+    ("aed_cosine.py", 15_763_500),
+    ("aed_plain.py", 15_763_500 - 600),  # no embedding loss: no ln_a, ln_b (2 x 300)
+    ("aed_possub.py", 15_763_500 - 600),
 ])
 def test_param_count_config_files(fname, expected):
-    """The reproduction configs in config/ give the author's exact parameter counts (vocab 50257, no padding)."""
+    """The author's eight reproduction configs in config/ give the author's exact parameter counts (vocab 50257,
+    no padding); the five the author gave no count for follow from the same formula."""
     cfg = load_config_file(fname)
     assert cfg.vocab_size == 50257
     assert full_model(cfg).get_num_params() == expected
+    assert cfg.n_decoder_layer == cfg.n_layer if cfg.arch == "aed" else cfg.n_decoder_layer is None
+
+
+@pytest.mark.parametrize("fname,expected", [("baseline_gpt2.py", 123_551_232), ("aed_gpt2.py", 119_168_896)])
+def test_param_count_gpt2_configs(fname, expected):
+    """The GPT-2-size pair (SPEC §6): baseline 12 x 768, 12 heads, context 1024, vocab 50257 (GPT-2 small without
+    biases); AED 6 + 6 blocks, as deep, at width 704 (at 768 it would be 138,309,120, above the baseline), so
+    its count is below the baseline's, as the author's pair is."""
+    cfg = load_config_file(fname)
+    m = full_model(cfg)
+    assert (cfg.vocab_size, cfg.context_size) == (50257, 1024)
+    assert m.get_num_params() == expected
+    if cfg.arch == "gpt":
+        assert (cfg.n_layer, cfg.n_embed, cfg.n_head) == (12, 768, 12)
+        C = 768
+        assert expected == 50257 * C + 12 * (12 * C * C + 2 * C) + C
+    else:
+        assert (cfg.n_layer, cfg.n_decoder_layer) == (6, 6)
+        assert expected == aed_num_params(704, 50257, 6, 6) < 123_551_232
+        assert aed_num_params(768, 50257, 6, 6) == 138_309_120  # why not 768
+        assert cfg.n_embed // cfg.n_head % 8 == 0 and cfg.n_embed // cfg.cross_attn_n_head % 8 == 0
+        assert tuple(m.wpe.weight.shape) == (1025, 704)  # pos sub: one row more, not counted
+
+
+@pytest.mark.parametrize("n_layer,n_decoder_layer,expected", [(3, 1, 5_314_560), (1, 3, 5_388_672), (2, None, 5_351_616)])
+def test_param_count_unequal_depth(n_layer, n_decoder_layer, expected):
+    """n_layer encoder blocks, then n_decoder_layer decoder blocks (SPEC §6), at the CPU preset's width 96:
+    (3, 1): 3 x 110,784 + 1 x 147,840 + bridge 9,216 + ln_f 96 + ln_a, ln_b 384 + wte 4,824,672 = 5,314,560;
+    (1, 3): 1 x 110,784 + 3 x 147,840 + the same = 5,388,672; None is the preset itself (2 + 2). FLOPs per token
+    and the KV cache follow: n_layer + 2 * n_decoder_layer attention layers."""
+    cfg = load_config_file("cpu_aed_mse_possub.py", n_layer=n_layer, n_decoder_layer=n_decoder_layer)
+    m = full_model(cfg)
+    n_dec = n_layer if n_decoder_layer is None else n_decoder_layer
+    assert expected == aed_num_params(96, 50257, n_layer, n_dec)
+    assert m.get_num_params() == expected
+    assert (len(m.blocks), len(m.decoder_blocks)) == (n_layer, n_dec)
+    assert len(m.new_kv_cache().k) == n_layer + 2 * n_dec
+    assert m.flops_per_token() == 6 * expected + 12 * (n_layer + 2 * n_dec) * 96 * 128
+
+
+@pytest.mark.parametrize("fname,expected", [("baseline.py", 16_036_800), ("cpu_baseline.py", 5_387_060)])
+@pytest.mark.parametrize("sub", ["YES_NO_LN", "YES_LN"])
+def test_param_count_gpt_pos_sub(fname, expected, sub):
+    """The GPT with the positional subtraction: wpe gets one more row (not counted, as the author counts); YES_LN
+    adds ln_post (C weights, no bias)."""
+    cfg = load_config_file(fname, sub_pos_embed_to_decoder=sub)
+    m = full_model(cfg)
+    C = cfg.n_embed
+    assert m.get_num_params() == expected + (C if sub == "YES_LN" else 0)
+    assert tuple(m.wpe.weight.shape) == (cfg.context_size + 1, C)
 
 
 @pytest.mark.parametrize("kw,expected", [
@@ -302,6 +371,10 @@ def test_param_breakdown_gpt():
 FORWARD_VARIANTS = [
     dict(arch="gpt"),
     dict(arch="gpt", use_bias=True),
+    dict(arch="gpt", sub_pos_embed_to_decoder="YES_NO_LN"),
+    dict(arch="gpt", sub_pos_embed_to_decoder="YES_LN", use_bias=True),
+    dict(n_layer=3, n_decoder_layer=1),
+    dict(n_layer=1, n_decoder_layer=3, sub_pos_embed_to_decoder="YES_NO_LN", order_type="ALT"),
     dict(),
     dict(order_type="ALT"),
     dict(add_ln_before_decoder_ff=True),
@@ -320,8 +393,9 @@ FORWARD_VARIANTS = [
 @pytest.mark.parametrize("kw", FORWARD_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
 def test_forward_matches_reference(kw):
     """Logits and ce of both architectures and every forward option match the plain float64 reimplementation
-    of SPEC §2/§3 (linear bridge, ln_kv per decoder block, causal cross-attention, ORIGINAL/ALT order, LN before
-    the bridge, wpe[1..T] added after the bridge / subtracted after ln_f, ln_post), in eval and train mode."""
+    of SPEC §2/§3/§6 (linear bridge, ln_kv per decoder block, causal cross-attention, ORIGINAL/ALT order, LN before
+    the bridge, wpe[1..T] added after the bridge / subtracted after ln_f on either arch, ln_post, unequal encoder
+    and decoder depths), in eval and train mode."""
     cfg = tiny(context_size=8, **kw)
     m = make(cfg)
     x, y = batch(cfg)
@@ -337,12 +411,15 @@ def test_forward_matches_reference(kw):
 
 LOSS_VARIANTS = [dict(embedding_loss_type=t, embedding_ln_type=ln, use_ln_on_encoder_out=u)
                  for t in ("MSE", "COSINE", "LOG_COSINE") for ln in ("INIT", "AVG_CUM_SUM", "NONE") for u in (True, False)]
+LOSS_VARIANTS += [dict(embedding_loss_type=t, embedding_ln_type=ln, embedding_agg_type="LEARNED")
+                  for t, ln in (("MSE", "INIT"), ("COSINE", "AVG_CUM_SUM"), ("LOG_COSINE", "NONE"))]
 
 
 @pytest.mark.parametrize("kw", LOSS_VARIANTS, ids=lambda kw: "-".join(str(v) for v in kw.values()))
 def test_embedding_loss_matches_reference(kw):
-    """The embedding loss (cumulative mean of E vs enc; MSE / COSINE / LOG_COSINE; ln_a at INIT, after the
-    average, or none; ln_b on enc or not) matches the loop implementation, and total = ce + coeff * emb."""
+    """The embedding loss (cumulative mean of E, or the LEARNED weighting with scrambled weights, vs enc; MSE /
+    COSINE / LOG_COSINE; ln_a at INIT, after the average, or none; ln_b on enc or not) matches the loop
+    implementation, and total = ce + coeff * emb."""
     cfg = tiny(context_size=8, embedding_loss_coeff=3.0, sub_pos_embed_to_decoder="YES_NO_LN", **kw)
     m = make(cfg).train()
     x, y = batch(cfg)
@@ -383,13 +460,66 @@ def test_embedding_loss_layernorms_exist_only_when_used():
     assert "ln_b" not in names(tiny(embedding_loss_type="MSE", use_ln_on_encoder_out=False))
 
 
-@pytest.mark.parametrize("detach", ["ENCODER_OUT", "EMBEDDING", "NONE"])
-@pytest.mark.parametrize("loss_type", ["MSE", "LOG_COSINE"])
-def test_gradients_match_reference(detach, loss_type):
+@pytest.mark.parametrize("T", [12, 7])
+def test_learned_aggregation_equals_mean_at_init(T):
+    """embedding_agg_type=LEARNED starts as the cumulative mean (W[t, s] = 1 / (t + 1) for s <= t): at init its
+    average, its embedding loss and every gradient equal MEAN's with the same weights (the weights cost no draw
+    from the RNG, so the same seed gives the same other weights), also for T < context_size."""
+    cfg = tiny(context_size=12, embedding_loss_type="MSE", embedding_ln_type="AVG_CUM_SUM", detach_type="NONE",
+               embedding_agg_type="LEARNED")
+    learned = make(cfg, scramble=False).train()
+    mean = make(dataclasses.replace(cfg, embedding_agg_type="MEAN"), scramble=False).train()
+    others = {k: v for k, v in learned.state_dict().items() if k != "embedding_agg"}
+    assert others.keys() == mean.state_dict().keys()
+    assert all(torch.equal(v, mean.state_dict()[k]) for k, v in others.items())
+    E = torch.randn(2, T, cfg.n_embed)
+    torch.testing.assert_close(learned.aggregate(E), mean.aggregate(E), atol=1e-6, rtol=1e-6)
+    x, y = batch(cfg, T=T)
+    learned(x, y)[1].backward()
+    mean(x, y)[1].backward()
+    torch.testing.assert_close(learned.last_embedding_loss, mean.last_embedding_loss, atol=1e-6, rtol=1e-6)
+    g = grads(mean)
+    for n, p in learned.named_parameters():
+        if n != "embedding_agg":
+            torch.testing.assert_close(p.grad, g[n], atol=1e-6, rtol=1e-5, msg=n)
+    assert learned.embedding_agg.grad.abs().max() > 0  # and the weights do learn
+
+
+def test_learned_aggregation_stays_causal():
+    """With its weights perturbed (all of them, as training might), the LEARNED average at positions < k stays
+    bit-identical when E at positions >= k changes: position t mixes E[0..t] only. Position k does change."""
+    cfg = tiny(context_size=12, embedding_loss_type="MSE", embedding_agg_type="LEARNED")
+    m = make(cfg, scramble=False)
+    with torch.no_grad():
+        m.embedding_agg.add_(torch.randn_like(m.embedding_agg))
+        E = torch.randn(2, 12, cfg.n_embed)
+        base = m.aggregate(E)
+        for k in range(12):
+            E2 = E.clone()
+            E2[:, k:] = torch.randn_like(E2[:, k:]) * 100
+            out = m.aggregate(E2)
+            assert torch.equal(out[:, :k], base[:, :k]), f"position < {k} changed"
+            assert not torch.equal(out[:, k], base[:, k])
+
+
+def test_learned_aggregation_parameters():
+    """LEARNED adds exactly context_size * (context_size + 1) / 2 parameters (one per s <= t), counted in
+    get_num_params; only with the loss on and LEARNED."""
+    names = lambda cfg: {n for n, _ in build_model(cfg).named_parameters()}
+    assert "embedding_agg" not in names(tiny(embedding_loss_type="MSE"))
+    learned = build_model(tiny(context_size=12, embedding_loss_type="COSINE", embedding_agg_type="LEARNED"))
+    mean = build_model(tiny(context_size=12, embedding_loss_type="COSINE"))
+    assert learned.embedding_agg.numel() == 12 * 13 // 2
+    assert learned.get_num_params() == mean.get_num_params() + 12 * 13 // 2
+
+
+@pytest.mark.parametrize("detach,loss_type,agg", [(d, t, "MEAN") for d in ("ENCODER_OUT", "EMBEDDING", "NONE")
+                                                  for t in ("MSE", "LOG_COSINE")] + [("NONE", "MSE", "LEARNED")])
+def test_gradients_match_reference(detach, loss_type, agg):
     """Gradients of the total training loss w.r.t. every parameter match the reference (which detaches enc
-    or E as SPEC §3 says), so detach_type is honoured in the backward pass."""
+    or E as SPEC §3 says), so detach_type is honoured in the backward pass; the LEARNED weights get theirs."""
     cfg = tiny(context_size=8, embedding_loss_type=loss_type, embedding_loss_coeff=2.0, detach_type=detach,
-               add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", use_bias=True)
+               add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", use_bias=True, embedding_agg_type=agg)
     m = make(cfg).train()
     x, y = batch(cfg)
     _, loss = m(x, y)
@@ -441,9 +571,12 @@ def test_embedding_loss_gradient_flow_per_detach_type():
 
 
 def test_wpe_rows():
-    """wpe has context_size + 1 rows exactly when the AED adds or subtracts wpe[1..T], else context_size."""
+    """wpe has context_size + 1 rows exactly when the AED adds, or either arch subtracts, wpe[1..T], else
+    context_size."""
     rows = lambda **kw: build_model(tiny(context_size=8, **kw)).wpe.weight.shape[0]
     assert rows(arch="gpt") == 8
+    assert rows(arch="gpt", sub_pos_embed_to_decoder="YES_NO_LN") == 9
+    assert rows(arch="gpt", sub_pos_embed_to_decoder="YES_LN") == 9
     assert rows() == 8
     assert rows(embedding_loss_type="MSE") == 8
     assert rows(add_pos_embed_to_decoder=True) == 9
@@ -451,11 +584,12 @@ def test_wpe_rows():
     assert rows(sub_pos_embed_to_decoder="YES_LN") == 9
 
 
+@pytest.mark.parametrize("arch", ["aed", "gpt"])
 @pytest.mark.parametrize("T", [8, 5])
-def test_pos_sub_uses_next_position(T):
+def test_pos_sub_uses_next_position(T, arch):
     """YES_NO_LN subtracts wpe[t+1] at position t: changing wpe[T] (used by nothing else for a length-T input)
     changes only the last position's logits, by exactly -delta @ wte.T."""
-    cfg = tiny(context_size=8, sub_pos_embed_to_decoder="YES_NO_LN")
+    cfg = tiny(arch=arch, context_size=8, sub_pos_embed_to_decoder="YES_NO_LN")
     m = make(cfg).eval()
     x, _ = batch(cfg, T=T)
     with torch.no_grad():
@@ -466,6 +600,25 @@ def test_pos_sub_uses_next_position(T):
         expected = -(delta @ m.wte.weight.T)  # (V,)
     assert torch.equal(after[:, :T - 1], before[:, :T - 1])
     torch.testing.assert_close(after[:, T - 1] - before[:, T - 1], expected.expand(x.size(0), -1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T", [8, 5])
+@pytest.mark.parametrize("sub", ["YES_NO_LN", "YES_LN"])
+def test_gpt_pos_sub_subtracts_wpe(T, sub):
+    """SPEC §6: the GPT with pos sub is the plain GPT with the same weights, its ln_f output minus wpe[1..T]
+    (then ln_post for YES_LN) before the tied head: logits = (ln_f(x) - wpe[1..T]) @ wte.T."""
+    cfg = tiny(arch="gpt", context_size=8, sub_pos_embed_to_decoder=sub)
+    m = make(cfg).eval()
+    plain = build_model(tiny(arch="gpt", context_size=8)).eval()
+    weights = {k: v for k, v in m.state_dict().items() if not k.startswith("ln_post.")}
+    plain.load_state_dict({**weights, "wpe.weight": weights["wpe.weight"][:8]})  # the extra row is pos sub's alone
+    x, _ = batch(cfg, T=T)
+    with torch.no_grad():
+        out = plain.hidden_states(x)[0] - m.wpe.weight[1:T + 1]  # (B, T, C)
+        if sub == "YES_LN":
+            out = m.ln_post(out)
+        torch.testing.assert_close(m(x)[0], out @ m.wte.weight.T, atol=1e-5, rtol=1e-5)
+        assert (m(x)[0] - plain(x)[0]).abs().max() > 1e-2  # not vacuous
 
 
 @pytest.mark.parametrize("T", [8, 5])
@@ -488,6 +641,11 @@ def test_pos_add_uses_next_position(T):
 
 CAUSAL_VARIANTS = [
     dict(arch="gpt"),
+    dict(arch="gpt", sub_pos_embed_to_decoder="YES_NO_LN"),
+    dict(arch="gpt", sub_pos_embed_to_decoder="YES_LN"),
+    dict(n_layer=3, n_decoder_layer=1, sub_pos_embed_to_decoder="YES_NO_LN"),
+    dict(n_layer=1, n_decoder_layer=3, order_type="ALT", add_pos_embed_to_decoder=True),
+    dict(embedding_loss_type="MSE", embedding_agg_type="LEARNED", detach_type="NONE"),
     dict(),
     dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True),
     dict(sub_pos_embed_to_decoder="YES_NO_LN", embedding_loss_type="MSE", detach_type="NONE"),
@@ -521,6 +679,11 @@ def test_causality(kw, training):
 CACHE_VARIANTS = [
     dict(arch="gpt"),
     dict(arch="gpt", use_bias=True),
+    dict(arch="gpt", sub_pos_embed_to_decoder="YES_NO_LN"),
+    dict(arch="gpt", sub_pos_embed_to_decoder="YES_LN", use_bias=True),
+    dict(n_layer=3, n_decoder_layer=1, sub_pos_embed_to_decoder="YES_NO_LN"),
+    dict(n_layer=1, n_decoder_layer=3, order_type="ALT"),
+    dict(embedding_loss_type="MSE", embedding_agg_type="LEARNED"),
     dict(),
     dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True,
          use_bias=True),
@@ -706,13 +869,20 @@ INVALID = [
     (dict(embedding_loss_type="L1"), "embedding_loss_type"),
     (dict(embedding_loss_type="MSE", detach_type="BOTH"), "detach_type"),
     (dict(embedding_loss_type="MSE", embedding_ln_type="AFTER"), "embedding_ln_type"),
+    (dict(embedding_loss_type="MSE", embedding_agg_type="CONV"), "embedding_agg_type"),
+    (dict(embedding_agg_type="LEARNED"), "embedding_agg_type"),  # no loss, nothing to aggregate
+    (dict(arch="gpt", sub_pos_embed_to_decoder="YES"), "sub_pos_embed_to_decoder"),
+    # depths
+    (dict(n_decoder_layer=0), "n_decoder_layer"),
+    (dict(n_decoder_layer=1.5), "n_decoder_layer"),
+    (dict(n_decoder_layer=True), "n_decoder_layer"),
 ] + [
     # AED-only options with arch="gpt"
     (dict(arch="gpt", **{k: v}), k) for k, v in [
-        ("cross_attn_n_head", 8), ("cross_attn_use_bias", False), ("order_type", "ALT"),
-        ("add_ln_before_decoder_ff", True), ("add_pos_embed_to_decoder", True), ("sub_pos_embed_to_decoder", "YES_NO_LN"),
+        ("n_decoder_layer", 2), ("cross_attn_n_head", 8), ("cross_attn_use_bias", False), ("order_type", "ALT"),
+        ("add_ln_before_decoder_ff", True), ("add_pos_embed_to_decoder", True),
         ("embedding_loss_type", "MSE"), ("embedding_loss_coeff", 1.0), ("detach_type", "NONE"),
-        ("embedding_ln_type", "INIT"), ("use_ln_on_encoder_out", True)]
+        ("embedding_ln_type", "INIT"), ("use_ln_on_encoder_out", True), ("embedding_agg_type", "MEAN")]
 ]
 
 
@@ -725,12 +895,16 @@ def test_invalid_config_raises(kw, field):
 
 def test_valid_defaults():
     """The loss options fill in their SPEC defaults when the loss is on; cross-attention defaults to 2 * n_head
-    heads and use_bias."""
+    heads and use_bias; n_decoder_layer to n_layer."""
     cfg = tiny(embedding_loss_type="MSE", use_bias=True)
-    filled = (cfg.embedding_loss_coeff, cfg.detach_type, cfg.embedding_ln_type, cfg.use_ln_on_encoder_out)
-    assert filled == (1.0, "ENCODER_OUT", "INIT", True)
-    assert (cfg.cross_attn_n_head, cfg.cross_attn_use_bias) == (8, True)
+    filled = (cfg.embedding_loss_coeff, cfg.detach_type, cfg.embedding_ln_type, cfg.use_ln_on_encoder_out,
+              cfg.embedding_agg_type)
+    assert filled == (1.0, "ENCODER_OUT", "INIT", True, "MEAN")
+    assert (cfg.cross_attn_n_head, cfg.cross_attn_use_bias, cfg.n_decoder_layer) == (8, True, 2)
+    assert tiny().embedding_agg_type is None  # no loss
     tiny(arch="gpt", order_type="ORIGINAL", sub_pos_embed_to_decoder="NO")  # defaults are fine for gpt
+    assert tiny(arch="gpt", sub_pos_embed_to_decoder="YES_LN").n_decoder_layer is None  # pos sub is both archs'
+    assert tiny(n_layer=3, n_decoder_layer=1).n_decoder_layer == 1
 
 
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
@@ -750,17 +924,20 @@ def test_sequence_longer_than_context_raises(arch):
 RESIDUAL_PROJ = re.compile(r"(attn|cross_attn|mlp)\.c_proj\.weight$")
 
 
-@pytest.mark.parametrize("arch,n_layer", [("aed", 13), ("gpt", 8)])
-def test_init(arch, n_layer):
+@pytest.mark.parametrize("arch,n_layer,n_decoder_layer", [("aed", 13, None), ("gpt", 8, None), ("aed", 3, 1),
+                                                     ("aed", 1, 3)])
+def test_init(arch, n_layer, n_decoder_layer):
     """Residual output projections (attention, cross-attention, MLP out) ~ N(0, 0.02 / sqrt(2 * n_layer)) with
-    the config's n_layer (13 for the AED, not 26); every other Linear / Embedding ~ N(0, 0.02); biases 0,
-    LayerNorm weights 1; with use_bias every Linear and LayerNorm has a bias."""
+    the config's n_layer (13 for the AED, not 26); with unequal depths (SPEC §6) each stream by its own depth,
+    the decoder's by n_decoder_layer; every other Linear / Embedding ~ N(0, 0.02); biases 0, LayerNorm weights 1;
+    with use_bias every Linear and LayerNorm has a bias."""
     kw = {}
     if arch == "aed":  # every optional Linear / LayerNorm present
-        kw = dict(embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True)
+        kw = dict(embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True,
+                  n_decoder_layer=n_decoder_layer)
     cfg = tiny(arch=arch, n_embed=64, n_layer=n_layer, n_head=4, use_bias=True, **kw)
     m = make(cfg, scramble=False)
-    resid_std = 0.02 / math.sqrt(2 * n_layer)
+    n_dec = n_layer if n_decoder_layer is None else n_decoder_layer
     n_resid = 0
     for name, mod in m.named_modules():
         if isinstance(mod, (torch.nn.Linear, torch.nn.LayerNorm)):
@@ -770,11 +947,13 @@ def test_init(arch, n_layer):
             assert torch.all(mod.weight == 1), name
         if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)):
             w = mod.weight
-            want = resid_std if RESIDUAL_PROJ.search(name + ".weight") else 0.02
-            n_resid += want == resid_std
+            want = 0.02
+            if RESIDUAL_PROJ.search(name + ".weight"):
+                n_resid += 1
+                want = 0.02 / math.sqrt(2 * (n_dec if name.startswith("decoder_blocks.") else n_layer))
             assert abs(w.std().item() / want - 1) < 0.1, f"{name}: std {w.std().item():.5f}, want {want:.5f}"
             assert abs(w.mean().item()) < 0.1 * want, name
-    assert n_resid == (5 * n_layer if arch == "aed" else 2 * n_layer)  # enc: attn + mlp; dec: attn + cross + mlp
+    assert n_resid == (2 * n_layer + 3 * n_dec if arch == "aed" else 2 * n_layer)  # enc: attn, mlp; dec: + cross
 
 
 def test_bias_flags():
@@ -811,8 +990,9 @@ def test_dropout_train_only(arch):
 
 
 def test_configure_optimizers():
-    """AdamW; parameters with dim >= 2 get the weight decay, the others 0; every parameter exactly once."""
-    cfg = tiny(embedding_loss_type="MSE", use_bias=True)
+    """AdamW; parameters with dim >= 2 get the weight decay, the others 0 (the LEARNED aggregation's weights
+    among them: decay would shrink the average); every parameter exactly once."""
+    cfg = tiny(embedding_loss_type="MSE", use_bias=True, embedding_agg_type="LEARNED")
     m = make(cfg, scramble=False)
     opt = m.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95), device_type="cpu")
     assert isinstance(opt, torch.optim.AdamW)
@@ -824,6 +1004,7 @@ def test_configure_optimizers():
             assert group["weight_decay"] == (0.1 if p.dim() >= 2 else 0.0)
     assert sorted(seen) == sorted(id(p) for p in m.parameters())  # parameters() has the tied wte once
     assert len(seen) == len(set(seen))
+    assert any(p is m.embedding_agg for p in opt.param_groups[1]["params"]) and opt.param_groups[1]["weight_decay"] == 0
 
 
 def test_fused_adamw_on_cpu_matches_default():

@@ -248,6 +248,40 @@ def test_train_kill_resume_sample(tmp_path):
     assert outs[0] == outs[1] == outs[2]  # same seed, same samples: the cache and compiling change speed only
 
 
+def test_new_model_keys_train_resume_sample(tmp_path):
+    """The next-step keys (SPEC §6) work from the command line, through resume (where they cannot change) and
+    sample.py; a checkpoint written before the keys existed samples as the model it was (the keys' defaults)."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--est_interval=2', '--n_layer=2',
+                     '--n_decoder_layer=1', '--embedding_agg_type=LEARNED']
+    p = run('train.py', *common, '--train_steps=2', f'--out_dir={out}')
+    assert p.returncode == 0, p.stderr
+    ckpt = load_ckpt(out)
+    assert ckpt['config']['n_decoder_layer'] == 1 and ckpt['config']['embedding_agg_type'] == 'LEARNED'
+    assert 'decoder_blocks.0.ln_1.weight' in ckpt['model'] and 'decoder_blocks.1.ln_1.weight' not in ckpt['model']
+    assert 'embedding_agg' in ckpt['model']
+    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=3')
+    assert p.returncode == 0, p.stderr
+    assert load_ckpt(out)['step'] == 3
+    p = run('sample.py', f'--out_dir={out}', '--checkpoint=last', '--num_samples=1', '--max_new_tokens=20',
+            '--device=cpu')
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count('---------------') == 1
+
+    # an older checkpoint: its config has none of the new keys, so they take their defaults (1 + 1 blocks here)
+    import dataclasses
+    from model import ModelConfig, build_model
+    old = str(tmp_path / 'old')
+    os.makedirs(old)
+    cfg = {k: v for k, v in ckpt['config'].items() if k not in ('n_decoder_layer', 'embedding_agg_type')}
+    cfg['n_layer'] = 1
+    model = build_model(ModelConfig(**{f.name: cfg[f.name] for f in dataclasses.fields(ModelConfig) if f.name in cfg}))
+    torch.save({'model': model.state_dict(), 'config': cfg, 'step': 0}, os.path.join(old, 'ckpt_best.pt'))
+    p = run('sample.py', f'--out_dir={old}', '--num_samples=1', '--max_new_tokens=5', '--device=cpu')
+    assert p.returncode == 0, p.stderr
+
+
 def test_nan_loss_stops_without_saving(tmp_path):
     """A NaN loss stops the run with a clear message; the last good checkpoint stays as it was."""
     data = make_data(tmp_path)
