@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The author's eight runs (SPEC section 4) at CPU scale, plus a second seed of the key pair
-# (aed_mse_possub vs baseline), then the results table and chart (experiments/results.{md,svg}).
+# (aed_mse_possub vs baseline) and the two "next steps" runs of issue 11, then the results table and chart
+# (experiments/results.{md,svg}).
 #
-# $ bash experiments/cpu_runs.sh          (from anywhere; 53 min on an idle 2-core CPU VM)
+# $ bash experiments/cpu_runs.sh          (from anywhere; 53 min for the first ten runs on an idle 2-core CPU VM)
 #
 # Runs go to out-cpu-experiment/<run>, not to the configs' own out dirs, so a preset run by hand
 # (python train.py config/cpu_baseline.py) never mixes with these. After an interruption the same
@@ -41,9 +42,12 @@ run baseline_dropout cpu_baseline_dropout
 # the key pair again with another seed: another init, other batches and other estimate batches
 run aed_mse_possub_seed2 cpu_aed_mse_possub --seed=2
 run baseline_seed2 cpu_baseline --seed=2
+# the author's "next steps" (issue 11): positional subtraction on the GPT, and 3 encoder + 1 decoder blocks
+run gpt_possub cpu_baseline --sub_pos_embed_to_decoder=YES_NO_LN
+run aed_3enc_1dec cpu_aed_mse_possub --n_layer=3 --n_decoder_layer=1
 echo "=== all runs done in $(( ($(date +%s) - start) / 60 )) min"
 
 python report.py $OUT/aed_cosine $OUT/aed_mse $OUT/aed_plain $OUT/aed_possub \
     $OUT/aed_mse_possub $OUT/aed_mse_possub_seed2 $OUT/baseline $OUT/baseline_seed2 \
-    $OUT/baseline_small $OUT/baseline_dropout \
-    --md=experiments/results.md --svg=experiments/results.svg
+    $OUT/baseline_small $OUT/baseline_dropout $OUT/gpt_possub $OUT/aed_3enc_1dec \
+    --compare=aed_mse_possub,baseline --md=experiments/results.md --svg=experiments/results.svg
