@@ -265,7 +265,9 @@ class Transformer(nn.Module):
         enc = x  # (B, T, C), no final LayerNorm
         dec = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))
         if c.add_pos_embed_to_decoder:
-            dec = dec + self.wpe(pos + 1)
+            # in place, as the author's code: under autocast the stream keeps the bridge's dtype (bf16) instead of
+            # being promoted to fp32 by the fp32 wpe (the sum is rounded once, to bf16); in fp32/fp64 no difference
+            dec += self.wpe(pos + 1)
         for block in self.decoder_blocks:
             dec = block(dec, enc=enc, cache=cache, pos=pos)
         out = self.ln_f(dec)

@@ -482,6 +482,43 @@ def test_pos_add_uses_next_position(T):
     assert (after[:, T - 1] - before[:, T - 1]).abs().max() > 1e-3
 
 
+def test_pos_add_keeps_the_autocast_dtype():
+    """add_pos_embed_to_decoder adds in place, as the author's `decoder_x += wpe(...)`: under bf16 autocast the
+    decoder stream stays bf16 (the fp32 sum rounded once), not promoted to fp32 by the fp32 wpe."""
+    cfg = tiny(context_size=8, add_pos_embed_to_decoder=True)
+    m = make(cfg).eval()
+    x, _ = batch(cfg)
+    seen = {}
+    m.bridge.register_forward_hook(lambda mod, inp, out: seen.update(bridge=out.clone()))
+    m.decoder_blocks[0].register_forward_pre_hook(lambda mod, args, kwargs: seen.update(dec=args[0]), with_kwargs=True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        m(x)
+    assert seen["bridge"].dtype == torch.bfloat16
+    assert seen["dec"].dtype == torch.bfloat16
+    expected = (seen["bridge"].float() + m.wpe.weight[1:x.size(1) + 1]).to(torch.bfloat16)
+    assert torch.equal(seen["dec"], expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pos_add_in_place_is_bit_identical_in_full_precision(dtype):
+    """Outside autocast the in-place add gives bit for bit what `dec = dec + wpe(pos + 1)` gave: the same
+    logits, loss and gradients (written out here with a hook on an otherwise identical model)."""
+    cfg = tiny(context_size=8, add_pos_embed_to_decoder=True, embedding_loss_type="MSE", detach_type="NONE")
+    a = make(cfg).to(dtype)
+    b = make(cfg).to(dtype)
+    b.config = dataclasses.replace(cfg)
+    b.config.add_pos_embed_to_decoder = False  # b's forward skips the add; the hook does it out of place
+    b.bridge.register_forward_hook(lambda mod, inp, out: out + b.wpe(torch.arange(1, out.size(1) + 1)))
+    x, y = batch(cfg)
+    for m in (a, b):
+        logits, loss = m(x, y)
+        loss.backward()
+    la, lb = a(x)[0], b(x)[0]
+    assert torch.equal(la, lb)
+    ga, gb = grads(a), grads(b)
+    assert all(torch.equal(ga[k], gb[k]) for k in ga)
+
+
 # -----------------------------------------------------------------------------
 # causality
 
