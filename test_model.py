@@ -639,6 +639,21 @@ def test_generate_cache_equals_no_cache(kw):
     assert len(set(streams[0][:, 3:].flatten().tolist())) > 4  # varied, not a constant stream
 
 
+@pytest.mark.parametrize("kv_cache", [False, True])
+def test_generate_temperature_zero_is_argmax(kv_cache):
+    """temperature=0 is greedy: each new token is the argmax of the full model's logits, past context_size too."""
+    cfg = tiny(context_size=8, sub_pos_embed_to_decoder="YES_NO_LN")
+    m = make(cfg).eval()
+    prompt, _ = batch(cfg, T=3)
+    with torch.no_grad():
+        out = m.generate(prompt, max_new_tokens=10, temperature=0, top_k=5, kv_cache=kv_cache)
+        expected = prompt
+        for _ in range(10):
+            logits = m(expected[:, -cfg.context_size:])[0][:, -1]  # (B, V)
+            expected = torch.cat((expected, logits.argmax(dim=-1, keepdim=True)), dim=1)
+    assert torch.equal(out, expected)
+
+
 # -----------------------------------------------------------------------------
 # losses, modes
 

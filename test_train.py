@@ -245,6 +245,13 @@ def test_train_kill_resume_sample(tmp_path):
         assert p.stdout.count('---------------') == 2 and p.stdout.startswith('The first of the')
         outs.append(p.stdout)
     assert outs[0] == outs[1] == outs[2]  # same seed, same samples: the cache and compiling change speed only
+    # temperature 0 is greedy: every sample, whatever the seed, is the argmax continuation
+    greedy = [run('sample.py', f'--out_dir={killed}', f'--start=FILE:{prompt}', '--num_samples=2',
+                  '--max_new_tokens=20', '--device=cpu', '--temperature=0', f'--seed={s}') for s in (1, 2)]
+    assert all(p.returncode == 0 for p in greedy), greedy[0].stderr
+    assert greedy[0].stdout == greedy[1].stdout
+    first, second = greedy[0].stdout.split('---------------\n')[:2]
+    assert first == second and first.startswith('The first of the')
 
 
 def test_nan_loss_stops_without_saving(tmp_path):
