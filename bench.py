@@ -8,7 +8,7 @@ Speed and memory of the whole pipeline, measured on this machine:
 Prints a table and writes the figures as JSON (out_json).
 
     python bench.py            # about 9 minutes on 2 CPU cores
-    python bench.py --quick=True   # about a minute
+    python bench.py --quick        # about a minute
 
 Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of each in
 turn, and the median is reported, so their ratio is measured under the same conditions.

@@ -37,13 +37,13 @@ EMBEDDING_LOSS_DEFAULTS = {
 @dataclass
 class ModelConfig:
     arch: str = "aed"  # "gpt" (decoder-only baseline) or "aed"
-    vocab_size: int = 50257
-    context_size: int = 200
-    n_embed: int = 150
+    vocab_size: int = 50257  # GPT-2's BPE vocabulary
+    context_size: int = 200  # tokens per sequence (and rows of wpe)
+    n_embed: int = 150  # width C
     n_layer: int = 13  # AED: n_layer encoder blocks + n_layer decoder blocks
-    n_head: int = 5
-    dropout_rate: float = 0.0
-    use_bias: bool = False
+    n_head: int = 5  # self-attention heads
+    dropout_rate: float = 0.0  # in training mode only
+    use_bias: bool = False  # biases in every Linear and LayerNorm (not the embedding-loss LayerNorms)
     # AED only: must stay at these defaults when arch == "gpt"
     cross_attn_n_head: typing.Optional[int] = None  # None -> 2 * n_head
     cross_attn_use_bias: typing.Optional[bool] = None  # None -> use_bias
@@ -53,10 +53,10 @@ class ModelConfig:
     sub_pos_embed_to_decoder: str = "NO"  # NO | YES_NO_LN | YES_LN: subtract wpe[1..T] before the head
     embedding_loss_type: str = "NONE"  # NONE | MSE | COSINE | LOG_COSINE
     # embedding-loss options: None while the loss is NONE; None -> EMBEDDING_LOSS_DEFAULTS when it is on
-    embedding_loss_coeff: typing.Optional[float] = None
+    embedding_loss_coeff: typing.Optional[float] = None  # loss = ce + coeff * embedding loss
     detach_type: typing.Optional[str] = None  # ENCODER_OUT | EMBEDDING | NONE
     embedding_ln_type: typing.Optional[str] = None  # INIT | AVG_CUM_SUM | NONE
-    use_ln_on_encoder_out: typing.Optional[bool] = None
+    use_ln_on_encoder_out: typing.Optional[bool] = None  # LayerNorm enc in the embedding loss
 
     def __post_init__(self):
         for f in fields(self):

@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def test_bench_quick(tmp_path):
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "bench.py", "--quick=True", f"--out_json={out}"], cwd=HERE,
+    p = subprocess.run([sys.executable, "bench.py", "--quick", f"--out_json={out}"], cwd=HERE,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())

@@ -51,7 +51,8 @@ def test_cli_values_types_and_order(tmp_path):
     (['--batch_size=True'], ['batch_size', 'expected int', 'bool']),
     (['--lr=fast'], ['lr', 'expected float', 'str']),
     (['--compile=yes'], ['compile', 'expected bool']),
-    (['--lr'], ['expected --key=value']),
+    (['--lr'], ['expected --lr=value', 'only a boolean key can stand alone']),
+    (['--no-lr'], ["unknown config key 'no_lr'"]),
     (['no/such/config.py'], ['config file not found: no/such/config.py']),
 ])
 def test_config_errors(argv, words):
@@ -74,6 +75,66 @@ def test_config_file_errors(tmp_path):
     bad.write_text("lr = = 1\n")
     with pytest.raises(ConfigError, match=r"bad.py:1: syntax error"):
         load_config(DEFAULTS, [str(bad)])
+
+
+def test_bare_boolean_flags():
+    defaults = dict(DEFAULTS, quick=False)
+    assert load_config(defaults, ['--quick'])['quick'] is True  # a boolean key alone means True
+    assert load_config(defaults, ['--no-compile'])['compile'] is False
+    assert load_config(defaults, ['--no_compile', '--compile'])['compile'] is True  # in order, as always
+    assert load_config(defaults, ['--quick=False'])['quick'] is False
+
+
+def test_config_file_include(tmp_path):
+    (tmp_path / 'base.py').write_text("lr = 1\nbatch_size = 8\nout_dir = 'base'\n")
+    (tmp_path / 'sub').mkdir()
+    child = tmp_path / 'sub' / 'child.py'
+    child.write_text("include('../base.py')  # relative to this file, not to the working directory\n"
+                     "batch_size = 4\n")
+    c = load_config(DEFAULTS, [str(child), '--out_dir=cli'])
+    assert (c['lr'], c['batch_size'], c['out_dir']) == (1.0, 4, 'cli')  # later lines and the command line win
+    child.write_text("batch_size = 4\ninclude('../base.py')\n")
+    assert load_config(DEFAULTS, [str(child)])['batch_size'] == 8  # an include sets its keys where it stands
+    child.write_text("include('nope.py')\n")
+    with pytest.raises(ConfigError, match=r"child.py: include\('nope.py'\): config file not found: .*nope.py"):
+        load_config(DEFAULTS, [str(child)])
+    child.write_text("include('child.py')\n")
+    with pytest.raises(ConfigError, match=r"child.py: include\('child.py'\): includes nested more than 8 deep"):
+        load_config(DEFAULTS, [str(child)])
+    (tmp_path / 'base.py').write_text("lr = 'high'\n")
+    child.write_text("include('../base.py')\n")
+    with pytest.raises(ConfigError, match=r"lr in .*base.py: expected float"):  # names the file with the mistake
+        load_config(DEFAULTS, [str(child)])
+
+
+@pytest.mark.parametrize('script, sources, line', [
+    ('train.py', ['train.py', 'model.py'], "  lr = 0.0009 .*# peak learning rate"),
+    ('sample.py', ['sample.py'], "  temperature = 0.8 .*# < 1 sharper, > 1 more random; 0 = greedy"),
+    ('bench.py', ['bench.py'], "  quick = False .*# "),
+    ('prepare.py', ['prepare.py'], "  eot = True .*# encode <\\|endoftext\\|>.*--no-eot"),
+    ('report.py', ['report.py'], "  svg = '' .*# write the chart here"),
+])
+def test_help(script, sources, line):
+    """--help (or -h) prints the script's docstring and every key with its default and the comment beside it
+    in the source, and exits 0, whatever else is on the command line."""
+    import re
+    from configurator import key_comments
+    p = run(script, '--no_such_key=1', '-h' if script == 'prepare.py' else '--help')
+    assert p.returncode == 0 and p.stderr == '', p.stderr
+    assert re.search(line, p.stdout, re.M), p.stdout
+    assert p.stdout.startswith(open(os.path.join(ROOT, script)).read().split('"""')[1].strip().splitlines()[0])
+    comments = {}
+    for src in reversed(sources):
+        comments.update(key_comments(os.path.join(ROOT, src)))
+    keys = [m.group(1) for m in re.finditer(r'^  (\w+) = ', p.stdout, re.M)]
+    assert len(keys) >= 5
+    for key in keys:
+        shown = re.search(rf'^  {key} = .*$', p.stdout, re.M).group(0)
+        if key in comments:
+            assert shown.endswith('# ' + comments[key]), shown
+    if script == 'train.py':
+        assert keys == list(script_defaults())
+        assert re.search(r'^  n_layer = 13 .*# AED: n_layer encoder blocks', p.stdout, re.M)  # from model.py
 
 
 def test_collect_defaults():

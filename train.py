@@ -35,17 +35,17 @@ from model import ModelConfig, build_model
 # -----------------------------------------------------------------------------
 # defaults: the author's common settings (SPEC section 4)
 # I/O
-out_dir = 'out'
+out_dir = 'out'        # checkpoints, log.jsonl and summary.json go here
 init_from = 'scratch'  # 'scratch' or 'resume' (continue from out_dir/ckpt_last.pt)
 est_interval = 500     # estimate train/val loss every this many steps, and at the end
 est_steps = 200        # batches per split in each estimate
 log_interval = 1       # print a line every this many steps (log.jsonl gets every step)
 save_interval = 0      # also save ckpt_last.pt every this many steps (0: only at estimates and the end)
 wandb_log = False      # wandb is imported only when this is on
-wandb_project = 'aed'
+wandb_project = 'aed'  # the wandb project of the run
 wandb_run_name = ''    # '' -> the out_dir name
 # data
-data_dir = 'data'
+data_dir = 'data'      # where prepare.py wrote the data
 dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.py makes them)
 batch_size = 50        # sequences per micro-step per process
 gradient_accumulation_steps = 16  # micro-steps per optimizer step, in total: split across DDP ranks
@@ -55,7 +55,7 @@ min_lr = 9e-5
 warmup_iters = 300
 lr_decay_iters = 700000  # cosine decay to min_lr by here: ~constant lr over 9k steps, as the author ran
 decay_lr = True        # False: lr constant (no warm-up either)
-beta1 = 0.9
+beta1 = 0.9            # AdamW's betas
 beta2 = 0.95
 weight_decay = 0.1     # on weights with dim >= 2 only
 grad_clip = 0.0        # clip the global grad norm at this value; 0 = off (the author's runs)
@@ -64,7 +64,7 @@ train_steps = 9000     # optimizer steps
 device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere), or name one
 compile = True         # torch.compile the model (the CPU presets turn it off: slower there, see README)
-seed = 1337
+seed = 1337            # the init, the batches and dropout all follow from it
 # model: every ModelConfig field of model.py is also a key, with ModelConfig's default
 # (arch, vocab_size, context_size, n_embed, n_layer, n_head, dropout_rate, use_bias, the AED keys ...)
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -74,7 +74,8 @@ DEFAULTS.update({f.name: f.default for f in dataclasses.fields(ModelConfig)})
 
 
 try:
-    config = load_config(DEFAULTS, sys.argv[1:])
+    # --help lists every key, with the comments beside them here and in model.py's ModelConfig
+    config = load_config(DEFAULTS, sys.argv[1:], sources=[__file__, sys.modules[ModelConfig.__module__].__file__])
 except ConfigError as e:
     die(e)
 
