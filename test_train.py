@@ -153,6 +153,69 @@ def test_every_config_file_loads():
             ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)})
 
 
+# Every config/*.py as it loaded on commit 5f7bed1, before the files were cut down to what they change:
+# train.py's defaults then, and what each file changed from them (generated once, by load_config).
+START_DEFAULTS = {
+    'out_dir': 'out', 'init_from': 'scratch', 'est_interval': 500, 'est_steps': 200, 'log_interval': 1,
+    'save_interval': 0, 'wandb_log': False, 'wandb_project': 'aed', 'wandb_run_name': '', 'data_dir': 'data',
+    'dataset': 'wikipedia', 'batch_size': 50, 'gradient_accumulation_steps': 16, 'lr': 0.0009, 'min_lr': 9e-05,
+    'warmup_iters': 300, 'lr_decay_iters': 700000, 'decay_lr': True, 'beta1': 0.9, 'beta2': 0.95, 'weight_decay': 0.1,
+    'grad_clip': 0.0, 'train_steps': 9000, 'device': 'auto', 'dtype': 'auto', 'compile': True, 'seed': 1337,
+    'arch': 'aed', 'vocab_size': 50257, 'context_size': 200, 'n_embed': 150, 'n_layer': 13, 'n_head': 5,
+    'dropout_rate': 0.0, 'use_bias': False, 'cross_attn_n_head': None, 'cross_attn_use_bias': None,
+    'order_type': 'ORIGINAL', 'add_ln_before_decoder_ff': False, 'add_pos_embed_to_decoder': False,
+    'sub_pos_embed_to_decoder': 'NO', 'embedding_loss_type': 'NONE', 'embedding_loss_coeff': None,
+    'detach_type': None, 'embedding_ln_type': None, 'use_ln_on_encoder_out': None,
+}
+START_CPU = {  # common to the eight cpu_*.py files (written out in each of them then)
+    'est_interval': 150, 'est_steps': 12, 'log_interval': 50, 'batch_size': 8, 'gradient_accumulation_steps': 1,
+    'lr': 0.002, 'min_lr': 0.0002, 'warmup_iters': 40, 'lr_decay_iters': 600, 'train_steps': 600, 'device': 'cpu',
+    'dtype': 'float32', 'compile': False, 'context_size': 128,
+}
+START_CPU_AED = dict(START_CPU, n_embed=96, n_layer=2, n_head=4, cross_attn_n_head=8, cross_attn_use_bias=False)
+START_LOSS = {'embedding_loss_coeff': 1.0, 'detach_type': 'ENCODER_OUT', 'embedding_ln_type': 'INIT',
+              'use_ln_on_encoder_out': True}
+START_CONFIGS = {
+    'aed_cosine': {'out_dir': 'out-aed-cosine', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
+                   'embedding_loss_type': 'COSINE', **START_LOSS},
+    'aed_mse': {'out_dir': 'out-aed-mse', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
+                'embedding_loss_type': 'MSE', **START_LOSS},
+    'aed_mse_possub': {'out_dir': 'out-aed-mse-possub', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
+                       'sub_pos_embed_to_decoder': 'YES_NO_LN', 'embedding_loss_type': 'MSE',
+                       **START_LOSS, 'embedding_loss_coeff': 8.0},
+    'aed_plain': {'out_dir': 'out-aed-plain', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False},
+    'aed_possub': {'out_dir': 'out-aed-possub', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
+                   'sub_pos_embed_to_decoder': 'YES_NO_LN'},
+    'baseline': {'out_dir': 'out-baseline', 'arch': 'gpt', 'n_embed': 160, 'n_layer': 26, 'n_head': 10},
+    'baseline_dropout': {'out_dir': 'out-baseline-dropout', 'arch': 'gpt', 'n_embed': 160, 'n_layer': 26,
+                         'n_head': 10, 'dropout_rate': 0.2},
+    'baseline_small': {'out_dir': 'out-baseline-small', 'arch': 'gpt', 'n_embed': 156, 'n_layer': 26, 'n_head': 12},
+    'cpu_aed_cosine': {'out_dir': 'out-cpu-aed-cosine', **START_CPU_AED, 'embedding_loss_type': 'COSINE',
+                       **START_LOSS},
+    'cpu_aed_mse': {'out_dir': 'out-cpu-aed-mse', **START_CPU_AED, 'embedding_loss_type': 'MSE', **START_LOSS},
+    'cpu_aed_mse_possub': {'out_dir': 'out-cpu-aed-mse-possub', **START_CPU_AED, 'sub_pos_embed_to_decoder': 'YES_NO_LN',
+                           'embedding_loss_type': 'MSE', **START_LOSS, 'embedding_loss_coeff': 8.0},
+    'cpu_aed_plain': {'out_dir': 'out-cpu-aed-plain', **START_CPU_AED},
+    'cpu_aed_possub': {'out_dir': 'out-cpu-aed-possub', **START_CPU_AED, 'sub_pos_embed_to_decoder': 'YES_NO_LN'},
+    'cpu_baseline': {'out_dir': 'out-cpu-baseline', **START_CPU, 'arch': 'gpt', 'n_embed': 98, 'n_layer': 4,
+                     'n_head': 7},
+    'cpu_baseline_dropout': {'out_dir': 'out-cpu-baseline-dropout', **START_CPU, 'arch': 'gpt', 'n_embed': 98,
+                             'n_layer': 4, 'n_head': 7, 'dropout_rate': 0.2},
+    'cpu_baseline_small': {'out_dir': 'out-cpu-baseline-small', **START_CPU, 'arch': 'gpt', 'n_embed': 96,
+                           'n_layer': 4, 'n_head': 8},
+}
+
+
+def test_config_files_load_the_values_they_always_had():
+    """Cutting the config files down to what they change (and letting the CPU ones include() shared files)
+    changed no value of any run: each loads exactly as on commit 5f7bed1 (types included: 1.0 is not 1)."""
+    defaults = script_defaults()
+    for name, changes in START_CONFIGS.items():
+        loaded = load_config(defaults, [os.path.join(ROOT, 'config', name + '.py')])
+        for key, value in {**START_DEFAULTS, **changes}.items():
+            assert (loaded[key], type(loaded[key])) == (value, type(value)), (name, key)
+
+
 def script_defaults():
     # train.py's DEFAULTS, without running it: exec the block between its first two '# ---' lines
     import dataclasses
