@@ -216,6 +216,24 @@ def test_config_files_load_the_values_they_always_had():
             assert (loaded[key], type(loaded[key])) == (value, type(value)), (name, key)
 
 
+def test_config_files_state_only_what_they_change():
+    """No config file sets a key to train.py's default (arch aside, which says which model it is), and no CPU
+    run repeats a key of config/cpu_common.py, which they all include."""
+    from configurator import read_config_file
+    defaults = script_defaults()
+    config_dir = os.path.join(ROOT, 'config')
+    for name in sorted(os.listdir(config_dir)):
+        values = read_config_file(os.path.join(config_dir, name), defaults)
+        restated = {k for k, v in values.items() if (v, type(v)) == (defaults[k], type(defaults[k]))} - {'arch'}
+        assert not restated, (name, restated)
+    common = read_config_file(os.path.join(config_dir, 'cpu_common.py'), defaults)
+    for name in sorted(os.listdir(config_dir)):
+        if name.startswith('cpu_') and name != 'cpu_common.py':
+            own = {'include': lambda other: None}  # the keys of the file's own lines
+            exec(open(os.path.join(config_dir, name)).read(), own)
+            assert not set(own) & set(common), (name, set(own) & set(common))
+
+
 def script_defaults():
     # train.py's DEFAULTS, without running it: exec the block between its first two '# ---' lines
     import dataclasses
