@@ -4,6 +4,7 @@ on tiny models and tiny generated data, so the whole file takes well under two m
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,7 +118,6 @@ def test_config_file_include(tmp_path):
 def test_help(script, sources, line):
     """--help (or -h) prints the script's docstring and every key with its default and the comment beside it
     in the source, and exits 0, whatever else is on the command line."""
-    import re
     from configurator import key_comments
     p = run(script, '--no_such_key=1', '-h' if script == 'prepare.py' else '--help')
     assert p.returncode == 0 and p.stderr == '', p.stderr
@@ -394,6 +394,28 @@ def test_train_kill_resume_sample(tmp_path):
     assert greedy[0].stdout == greedy[1].stdout
     first, second = greedy[0].stdout.split('---------------\n')[:2]
     assert first == second and first.startswith('The first of the')
+
+
+def test_run_header_and_expected_time(tmp_path):
+    """No silent start: the run's header comes before compiling, which says it takes about a minute; after the
+    first step and again after ten, the expected time per step, for the steps left and for the whole run."""
+    data = make_data(tmp_path)
+    env = dict(ENV, TORCHDYNAMO_DISABLE='1')  # torch.compile returns at once: the order of the lines is tested
+    p = subprocess.run([PY, 'train.py', *TINY, '--compile', f'--data_dir={data}', '--dataset=tiny', '--train_steps=14',
+                        '--est_interval=7', '--log_interval=100', f'--out_dir={tmp_path}/out'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    where = {key: next(i for i, line in enumerate(lines) if line.startswith(key))
+             for key in ('aed model, ', 'compiling the model', 'compiled in', 'step 0: train loss')}
+    assert where['aed model, '] < where['compiling the model'] < where['compiled in'] < where['step 0: train loss']
+    assert 'about a minute' in lines[where['compiling the model']]
+    expected = [line for line in lines if line.startswith('expected: ')]
+    assert len(expected) == 2, p.stdout
+    assert '(the first step)' in expected[0] and '~' in expected[0]
+    assert 'for the 13 steps left and 2 estimate(s) of ~' in expected[0]  # estimates at steps 7 and 14
+    assert '(median of steps 2-10)' in expected[1] and 'for the 4 steps left and 1 estimate(s)' in expected[1]
+    assert all(re.search(r'\d+ ms/step .*the whole run ~[\d.]+ (s|min|h)$', line) for line in expected), expected
 
 
 def test_nan_loss_stops_without_saving(tmp_path):

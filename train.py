@@ -20,6 +20,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -249,7 +250,20 @@ if ckpt is not None:
         scaler.load_state_dict(ckpt['scaler'])
     start_step, best_val_loss, elapsed_before = ckpt['step'], ckpt['best_val_loss'], ckpt.get('elapsed', 0.0)
 
+peak_flops, peak_note = gpu_peak_flops()
+flops_per_step = raw_model.flops_per_token() * tokens_per_step
+if master:  # the header first: a slow start (compiling, or hardware too slow for the config) is never silent
+    print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
+          f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
+          f"{world_size} process(es), {device}, {dtype}, compile {'on' if compile else 'off'} | "
+          f"mfu: {peak_note}", flush=True)
+    if init_from == 'resume':
+        print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
+              f"(best val loss {best_val_loss:.4f})", flush=True)
+
 if compile:
+    if master:
+        print("compiling the model with torch.compile: about a minute (--compile=False skips it)", flush=True)
     t0 = time.time()
     model = torch.compile(model)
     try:
@@ -365,8 +379,10 @@ def elapsed():
     return elapsed_before + time.time() - t_start
 
 
-peak_flops, peak_note = gpu_peak_flops()
-flops_per_step = raw_model.flops_per_token() * tokens_per_step
+def duration(s):
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 90 * 60 else f"{s / 3600:.1f} h"
+
+
 if master:
     os.makedirs(out_dir, exist_ok=True)
     # a fresh run starts a fresh log; a resumed one appends (records after a 'resume' record
@@ -374,13 +390,6 @@ if master:
     log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a' if init_from == 'resume' else 'w')
     log_record({'type': 'resume' if init_from == 'resume' else 'start', 'step': start_step,
                 'world_size': world_size, 'device': device, 'dtype': dtype, 'config': run_config})
-    print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
-          f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
-          f"{world_size} process(es), {device}, {dtype}, compile {'on' if eval_model is not raw_model else 'off'} | "
-          f"mfu: {peak_note}", flush=True)
-    if init_from == 'resume':
-        print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
-              f"(best val loss {best_val_loss:.4f})", flush=True)
     if wandb_log:
         try:
             import wandb
@@ -392,12 +401,14 @@ if master:
 # training loop
 step = start_step
 last_est = {}
+step_times, est_s = [], None  # for the expected time of the run
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
             t0 = time.time()
             last_est = estimate_loss()
+            est_s = time.time() - t0
             if not all(math.isfinite(v) for v in last_est.values()):
                 stop(f"loss estimate is not finite ({last_est})", step)
             improved = last_est['val'] < best_val_loss
@@ -469,6 +480,18 @@ while True:
             if wandb_log:
                 wandb.log({'step': step, 'train/loss': loss_v, 'train/ce': ce_v, 'train/emb': emb_v, 'lr': lr_now,
                            'tok_s': tok_s, 'mfu': mfu})
+        step_times.append(dt)
+        if len(step_times) in (1, 10) and step < train_steps:
+            # the time the rest will take, from the first step and then from the median of steps 2-10: on hardware
+            # too slow for the config the user knows at once
+            per_step = statistics.median(step_times[1:]) if len(step_times) > 1 else dt
+            n_est = train_steps // est_interval - (step - 1) // est_interval + (train_steps % est_interval != 0)
+            rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est
+            est_txt = f" and {n_est} estimate(s) of ~{duration(est_s)}" if est_s is not None else ""
+            print(f"expected: {per_step * 1000:,.0f} ms/step "
+                  f"({'the first step' if len(step_times) == 1 else 'median of steps 2-10'}), so "
+                  f"~{duration(rest)} for the {train_steps - step:,} steps left{est_txt}: "
+                  f"the whole run ~{duration(elapsed() + rest)}", flush=True)
 
 if master:
     print(f"done: {step} steps, {step * tokens_per_step:,} tokens, best val loss {best_val_loss:.4f}, "
