@@ -7,11 +7,26 @@ Speed and memory of the whole pipeline, measured on this machine:
   5. peak memory of a training step, with and without the full (B, T, vocab) logits
 Prints a table and writes the figures as JSON (out_json).
 
-    python bench.py            # about 9 minutes on 2 CPU cores
-    python bench.py --quick=True   # about a minute
+    python bench.py                     # about 5 minutes on 2 idle CPU cores
+    python bench.py --sections=memory   # some sections only (train, generate, data, prepare, memory)
+    python bench.py --quick             # about a minute
 
 Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of each in
-turn, and the median is reported, so their ratio is measured under the same conditions.
+turn, and the median is reported, so their ratio is measured under the same conditions. Run it on an idle
+machine: with another process on one of the 2 cores, 2 OpenMP threads wait on each other and every figure
+can be many times worse.
+
+The full run took 9 minutes; these changes brought it to about 5, with the same figures:
+  - the nanoGPT reference config and the small AED run as one interleaved group: the small pair's GPT is
+    the same model and step as "ours" on the reference config, so it is built, compiled and timed once
+  - uncached generation times one token at every 8th length (25 of the 199) rather than all 199: a token's
+    cost grows smoothly with the length, so their mean is the same figure, in an eighth of the time
+  - the memory probes fork from a server that imported torch once, instead of each importing it, and a
+    model's two probes run side by side (nothing there is timed)
+  - training steps: the median of 5 interleaved rounds, not 7 (generation keeps its 2)
+  - data loading: 8 training steps instead of 12 (the median of 6); prepare: the text x 4 (20 MB), not x 8
+These times hold with torch's on-disk compile cache warm; compiling from scratch (the first run, or after a
+change to model.py) adds 2-3 minutes: the compiled one-token steps take 34-55 s each to compile then.
 """
 
 import json
@@ -30,9 +45,9 @@ from configurator import ConfigError, collect_defaults, die, load_config
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
-quick = False  # about a minute instead of about nine (and no compiled generation)
+quick = False  # about a minute instead of about five (small models only, no compiled variants)
 device = "auto"  # 'auto' (cuda if available), 'cpu', 'cuda'
-repeats = 0  # timed repetitions per measurement; 0: 3 with quick, else 7
+repeats = 0  # timed repetitions per measurement (generation: a third as many); 0: 3 with quick, else 5
 out_json = "bench.json"
 sections = "train,generate,data,prepare,memory"  # which parts to run, comma-separated
 # -----------------------------------------------------------------------------
@@ -140,40 +155,48 @@ def bench_train():
         print(f"  {label:40s} {1000 * seconds:8.0f} ms/step {tokens / seconds:9.0f} tok/s {flops / peak:6.1%} of peak",
               flush=True)
 
-    # (a) the nanoGPT reference config: its computation (full logits), ours eager, ours compiled
-    print("training, nanoGPT's reference config (4 x 128, 4 heads, batch 16 x 128):", flush=True)
-    variants = {"nanoGPT-style step (full logits)": dict(full_logits=True),
-                "ours, eager": dict(), "ours, torch.compile": dict(compiled=True)}
+    def pair(name, tag, aed_label, gpt_label):
+        ra, rg = next(r for r in rows if r["run"] == aed_label), next(r for r in rows if r["run"] == gpt_label)
+        ratio = {"pair": f"{name} {tag}", "time_ratio_aed_over_gpt": ra["ms_per_step"] / rg["ms_per_step"],
+                 "flops_ratio_aed_over_gpt": ra["flops_per_token"] / rg["flops_per_token"],
+                 "params_aed": ra["params"], "params_gpt": rg["params"]}
+        results.setdefault("aed_vs_gpt", []).append(ratio)
+        print(f"  AED/GPT {name} {tag}: time ratio {ratio['time_ratio_aed_over_gpt']:.2f}, "
+              f"FLOPs ratio {ratio['flops_ratio_aed_over_gpt']:.2f}", flush=True)
+
+    # (a) the nanoGPT reference config: its computation (full logits), ours eager, ours compiled; and the small
+    # AED, eager and compiled, against ours (the small pair's GPT is ours on this config): all in one
+    # interleaved group, so each model is built and compiled once
+    print("training, nanoGPT's reference config (4 x 128, 4 heads, batch 16 x 128) and the small AED (2 + 2 x 128):",
+          flush=True)
+    variants = {"nanoGPT-style step (full logits)": (NANOGPT_REF, dict(full_logits=True)),
+                "ours, eager": (NANOGPT_REF, {}), "ours, torch.compile": (NANOGPT_REF, dict(compiled=True)),
+                "AED small eager": (SMALL_AED, {}), "AED small compiled": (SMALL_AED, dict(compiled=True))}
     if quick:
-        del variants["ours, torch.compile"]
+        del variants["ours, torch.compile"], variants["AED small compiled"]
     fns, raws = {}, {}
-    for label, kw in variants.items():
-        fns[label], raws[label] = train_step_fn(NANOGPT_REF, 16, **kw)
+    for label, (kw, opts) in variants.items():
+        fns[label], raws[label] = train_step_fn(kw, 16, **opts)
     for label, s in interleaved(fns, repeats).items():
-        record(label, NANOGPT_REF, 16, s, raws[label])
+        record(label, variants[label][0], 16, s, raws[label])
     ref = rows[0]["tokens_per_s"]
-    for r in rows[1:]:
-        r["speedup_vs_nanogpt_style"] = r["tokens_per_s"] / ref
-    # (b) AED vs GPT at matched size: small, and the author's ~16M models with batch cut for CPU time
-    pairs = [("small", SMALL_AED, dict(NANOGPT_REF), 16)]
+    for r in rows:
+        if r["run"].startswith("ours"):
+            r["speedup_vs_nanogpt_style"] = r["tokens_per_s"] / ref
+    for tag, ours in (("eager", "ours, eager"), ("compiled", "ours, torch.compile")):
+        if ours in fns:  # the small pair's GPT: the same model, step and timings as ours on the reference config
+            rows.append(dict(next(r for r in rows if r["run"] == ours), run=f"GPT small {tag}"))
+            pair("small", tag, f"AED small {tag}", f"GPT small {tag}")
+    # (b) AED vs GPT at the author's ~16M sizes, batch cut for CPU time, eager
     if not quick:
-        pairs.append(("author 16M", AUTHOR_AED, AUTHOR_GPT, 4 if device_type == "cpu" else 50))
-    for name, aed_kw, gpt_kw, bs in pairs:
-        modes = [False] if quick or name != "small" else [False, True]
-        for compiled in modes:
-            tag = "compiled" if compiled else "eager"
-            print(f"training, AED vs GPT, {name}, {tag}:", flush=True)
-            fa, ra = train_step_fn(aed_kw, bs, compiled=compiled)
-            fg, rg = train_step_fn(gpt_kw, bs, compiled=compiled)
-            t = interleaved({"aed": fa, "gpt": fg}, repeats)
-            record(f"AED {name} {tag}", aed_kw, bs, t["aed"], ra)
-            record(f"GPT {name} {tag}", gpt_kw, bs, t["gpt"], rg)
-            ratio = {"pair": f"{name} {tag}", "time_ratio_aed_over_gpt": t["aed"] / t["gpt"],
-                     "flops_ratio_aed_over_gpt": ra.flops_per_token() / rg.flops_per_token(),
-                     "params_aed": ra.get_num_params(), "params_gpt": rg.get_num_params()}
-            results.setdefault("aed_vs_gpt", []).append(ratio)
-            print(f"  AED/GPT time ratio {ratio['time_ratio_aed_over_gpt']:.2f}, "
-                  f"FLOPs ratio {ratio['flops_ratio_aed_over_gpt']:.2f}", flush=True)
+        bs = 4 if device_type == "cpu" else 50
+        print(f"training, AED vs GPT, author 16M, eager (batch {bs} x 200):", flush=True)
+        fa, ra = train_step_fn(AUTHOR_AED, bs)
+        fg, rg = train_step_fn(AUTHOR_GPT, bs)
+        t = interleaved({"aed": fa, "gpt": fg}, repeats)
+        record("AED author 16M eager", AUTHOR_AED, bs, t["aed"], ra)
+        record("GPT author 16M eager", AUTHOR_GPT, bs, t["gpt"], rg)
+        pair("author 16M", "eager", "AED author 16M eager", "GPT author 16M eager")
     results["train"] = rows
 
 
@@ -185,9 +208,23 @@ def weight_read_ms(n_elements, batch):
     return 1000 * interleaved({"matvec": lambda: torch.nn.functional.linear(x, w)}, 3 * repeats)["matvec"]
 
 
+UNCACHED_STRIDE = 8
+
+
+def uncached_lengths(n_tokens):
+    """The lengths at which one uncached token is timed, standing for generating n_tokens after a 1-token prompt
+    (lengths 1..n_tokens). An uncached token runs the model over every token so far, so its cost grows about
+    linearly with the length: every UNCACHED_STRIDE-th length, in the middle of its stride (their mean is the
+    mean of all), gives the same mean cost in a fraction of the time (all 199 of a 16M model at batch 8: ~40 s)."""
+    if n_tokens < UNCACHED_STRIDE:
+        return list(range(1, n_tokens + 1))
+    return list(range(UNCACHED_STRIDE // 2, n_tokens + 1, UNCACHED_STRIDE))  # 4, 12, ..., 196 for 199 tokens
+
+
 def bench_generate():
     """ms per new token from a 1-token prompt until the context (200) is full: without the cache, with it
-    (eager), and with it and the compiled decode step (compile_decode_step; not in quick mode)."""
+    (eager), and with it and the compiled decode step (compile_decode_step; not in quick mode). The uncached
+    figure is the mean over every UNCACHED_STRIDE-th position."""
     rows = []
     configs = [("AED", SMALL_AED), ("GPT", NANOGPT_REF)] if quick else [("AED", AUTHOR_AED), ("GPT", AUTHOR_GPT)]
     modes = ("uncached", "cached") if quick else ("uncached", "cached", "compiled")
@@ -207,20 +244,31 @@ def bench_generate():
                 compile_s = time.perf_counter() - t0
                 compiled_step = model.compiled_decode_step
 
-            def generate(mode, n_tokens):
+            def per_token(mode, n_tokens):
+                """Seconds per token of generating n_tokens after idx."""
                 model.compiled_decode_step = compiled_step if mode == "compiled" else None
+                if mode == "uncached":  # one token at each of uncached_lengths: see there
+                    lengths = uncached_lengths(n_tokens)
+                    total = 0.0
+                    for n in lengths:
+                        t0 = time.perf_counter()
+                        model.generate(prompt[:, :n], 1, kv_cache=False)
+                        sync()
+                        total += time.perf_counter() - t0
+                    return total / len(lengths)
                 t0 = time.perf_counter()
-                model.generate(idx, n_tokens, kv_cache=mode != "uncached")
+                model.generate(idx, n_tokens)
                 sync()
-                return time.perf_counter() - t0
+                return (time.perf_counter() - t0) / n_tokens
 
-            for mode in modes:  # a short warm-up: a full uncached run of the 16M models at batch 8 takes ~40 s
-                generate(mode, 5)
+            prompt = torch.zeros(batch, new, dtype=torch.long, device=device)  # token ids do not change the cost
+            for mode in modes:  # a short warm-up
+                per_token(mode, 5)
             times = {mode: [] for mode in modes}
-            for _ in range(max(1, repeats // 3)):  # interleaved
+            for _ in range(max(1, round(repeats / 3))):  # interleaved; 2 rounds by default
                 for mode in modes:
-                    times[mode].append(generate(mode, new))
-            ms = {mode: 1000 * statistics.median(t) / new for mode, t in times.items()}
+                    times[mode].append(per_token(mode, new))
+            ms = {mode: 1000 * statistics.median(t) for mode, t in times.items()}
             floor = weight_read_ms(n_weights, batch)
             # what the fixed-shape cache holds, and each step reads in full: keys and values of every slot
             cache_mb = 2 * len(model.attention_layers) * batch * kw["context_size"] * kw["n_embed"] * 4 / 1e6
@@ -253,7 +301,7 @@ def bench_data():
 
     prepare.prepare(log=lambda msg: None)  # the default data, if it is not there yet
     with tempfile.TemporaryDirectory() as tmp:
-        steps = 6 if quick else 12
+        steps = 6 if quick else 8
         cmd = [sys.executable, "train.py", f"--out_dir={tmp}", "--arch=gpt", "--n_layer=4", "--n_embed=128",
                "--n_head=4", "--context_size=128", "--batch_size=16", "--gradient_accumulation_steps=1",
                f"--train_steps={steps}", f"--est_interval={10 * steps}", "--est_steps=1", "--compile=False",
@@ -278,7 +326,7 @@ def bench_prepare():
     from tokenizer import get_encoding
 
     with open(prepare.wikipedia_text(), encoding="utf-8") as f:
-        text = f.read() * (2 if quick else 8)
+        text = f.read() * (2 if quick else 4)
     docs = text.split(prepare.EOT)
     mb = len(text.encode("utf-8")) / 1e6
     enc = get_encoding()
@@ -313,7 +361,8 @@ def bench_prepare():
 
 
 def _memory_probe(kwargs, batch_size, full_logits, queue):
-    # runs in a fresh process (which has not parsed the config): its peak RSS is this step's alone
+    # runs in a fresh process, forked from a server process that has only imported this file (and so torch):
+    # its peak RSS above the memory held before the step is this step's alone
     global device, device_type
     device = device_type = "cpu"
     torch.set_num_threads(1)
@@ -339,24 +388,29 @@ def bench_memory():
         configs += [("GPT author 16M", AUTHOR_GPT, 4), ("AED author 16M", AUTHOR_AED, 4)]
     for name, kw, bs in configs:
         row = {"model": name, "batch": f"{bs}x{kw['context_size']}"}
-        for full_logits in (False, True):
-            if device_type == "cuda":
+        if device_type == "cuda":
+            for full_logits in (False, True):
                 step, _ = train_step_fn(kw, bs, full_logits=full_logits)
                 step()
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
                 step()
-                mb = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-            else:
-                ctx = multiprocessing.get_context("spawn")
+                row["full_logits_mb" if full_logits else "chunked_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        else:
+            # the two probes run side by side, one thread each: peak RSS is per process, and nothing here is timed
+            ctx = multiprocessing.get_context("forkserver")
+            ctx.set_forkserver_preload(["__main__"])  # the server imports torch once; each probe forks from it
+            probes = []
+            for full_logits in (False, True):
                 queue = ctx.Queue()
                 p = ctx.Process(target=_memory_probe, args=(kw, bs, full_logits, queue))
                 p.start()
+                probes.append((full_logits, p, queue))
+            for full_logits, p, queue in probes:
                 p.join()
                 if p.exitcode != 0:
                     die(f"the memory probe for {name} failed (exit code {p.exitcode})")
-                mb = queue.get()
-            row["full_logits_mb" if full_logits else "chunked_mb"] = mb
+                row["full_logits_mb" if full_logits else "chunked_mb"] = queue.get()
         rows.append(row)
         print(f"  {name} ({row['batch']}): step peak {row['chunked_mb']:.0f} MB, "
               f"{row['full_logits_mb']:.0f} MB with the full logits", flush=True)
@@ -376,7 +430,7 @@ if __name__ == "__main__":
             raise ConfigError(f"device {device!r} is not available here")
     except ConfigError as e:
         die(e)
-    repeats = repeats or (3 if quick else 7)
+    repeats = repeats or (3 if quick else 5)
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -388,8 +442,11 @@ if __name__ == "__main__":
           f"({'fp32' if device_type == 'cpu' else 'bf16'})", flush=True)
     for section in sections.split(","):
         print(f"== {section}", flush=True)
+        t0 = time.time()
         {"train": bench_train, "generate": bench_generate, "data": bench_data, "prepare": bench_prepare,
          "memory": bench_memory}[section]()
+        results.setdefault("section_seconds", {})[section] = round(time.time() - t0, 1)
+        print(f"  ({section}: {time.time() - t0:.0f} s)", flush=True)
     results["seconds"] = time.time() - t_start
     tmp = out_json + ".tmp"
     with open(tmp, "w") as f:

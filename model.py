@@ -51,13 +51,13 @@ EMBEDDING_LOSS_DEFAULTS = {
 @dataclass
 class ModelConfig:
     arch: str = "aed"  # "gpt" (decoder-only baseline) or "aed"
-    vocab_size: int = 50257
-    context_size: int = 200
-    n_embed: int = 150
+    vocab_size: int = 50257  # GPT-2's BPE vocabulary
+    context_size: int = 200  # tokens per sequence (and rows of wpe)
+    n_embed: int = 150  # width C
     n_layer: int = 13  # AED: n_layer encoder blocks + n_decoder_layer decoder blocks
-    n_head: int = 5
-    dropout_rate: float = 0.0
-    use_bias: bool = False
+    n_head: int = 5  # self-attention heads
+    dropout_rate: float = 0.0  # in training mode only
+    use_bias: bool = False  # biases in every Linear and LayerNorm (not the embedding-loss LayerNorms)
     sub_pos_embed_to_decoder: str = "NO"  # NO | YES_NO_LN | YES_LN: subtract wpe[1..T] before the head (both archs)
     # AED only: must stay at these defaults when arch == "gpt"
     n_decoder_layer: typing.Optional[int] = None  # None -> n_layer
@@ -68,10 +68,10 @@ class ModelConfig:
     add_pos_embed_to_decoder: bool = False  # add wpe[1..T] to the decoder input
     embedding_loss_type: str = "NONE"  # NONE | MSE | COSINE | LOG_COSINE
     # embedding-loss options: None while the loss is NONE; None -> EMBEDDING_LOSS_DEFAULTS when it is on
-    embedding_loss_coeff: typing.Optional[float] = None
+    embedding_loss_coeff: typing.Optional[float] = None  # loss = ce + coeff * embedding loss
     detach_type: typing.Optional[str] = None  # ENCODER_OUT | EMBEDDING | NONE
     embedding_ln_type: typing.Optional[str] = None  # INIT | AVG_CUM_SUM | NONE
-    use_ln_on_encoder_out: typing.Optional[bool] = None
+    use_ln_on_encoder_out: typing.Optional[bool] = None  # LayerNorm enc in the embedding loss
     embedding_agg_type: typing.Optional[str] = None  # MEAN (cumulative mean) | LEARNED (learned causal weighting)
 
     def __post_init__(self):
@@ -299,7 +299,10 @@ class Transformer(nn.Module):
             enc = x  # (B, T, C), no final LayerNorm
             x = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))
             if c.add_pos_embed_to_decoder:
-                x = x + self.wpe(pos + 1)
+                # in place, as the author's code: under autocast the stream keeps the bridge's dtype (bf16) instead
+                # of being promoted to fp32 by the fp32 wpe (the sum is rounded once, to bf16); in fp32/fp64 no
+                # difference
+                x += self.wpe(pos + 1)
             for block in self.decoder_blocks:
                 x = block(x, enc=enc, cache=cache, pos=pos)
         out = self.ln_f(x)

@@ -14,7 +14,6 @@ Memory stays bounded: the text is streamed twice (count characters, then encode)
 ~1M-character pieces cut where GPT-2's pre-tokenizer splits anyway, so the ids equal a whole-text encode.
 """
 
-import argparse
 import array
 import codecs
 import hashlib
@@ -28,6 +27,7 @@ import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
+from configurator import ConfigError, die, load_config
 from tokenizer import FetchError, get_encoding, wheel_files
 
 DATA_DIR = "data"  # relative to the working directory, like train.py's data_dir
@@ -314,26 +314,34 @@ def up_to_date(final, fp):
         return False
 
 
+# options: python prepare.py --key=value, parsed by configurator.py as train.py's keys are (--help lists them)
+OPTIONS = dict(
+    input="",          # text file (.gz/.bz2/.xz ok) or http(s) URL; '' = the default Wikipedia text
+    name="",           # dataset name: writes out_dir/<name>/ ('' = wikipedia, or the input's file name)
+    eot=True,          # encode <|endoftext|> in the text as the eot token; --no-eot: as plain text
+    val_fraction=0.1,  # share of the characters for val
+    min_tokens=1025,   # fewest tokens each split may have
+    out_dir=DATA_DIR,  # like train.py's data_dir
+    force=False,       # redo even when the output is up to date
+)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    p.add_argument("--input", help="text file (.gz/.bz2/.xz ok) or http(s) URL; default: Wikipedia summaries")
-    p.add_argument("--name", help="dataset name: writes data/<name>/ (default: wikipedia, or the input's name)")
-    p.add_argument("--eot", action=argparse.BooleanOptionalAction, default=True,
-                   help=f"encode {EOT} in the text as the eot token (default) or, with --no-eot, as plain text")
-    p.add_argument("--val_fraction", type=float, default=0.1, help="share of the characters for val (0.1)")
-    p.add_argument("--min_tokens", type=int, default=1025, help="fewest tokens each split may have (1025)")
-    p.add_argument("--out_dir", default=DATA_DIR, help="default: data, like train.py's data_dir")
-    p.add_argument("--force", action="store_true", help="redo even when the output is up to date")
-    args = p.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    for arg in argv:
+        if not arg.startswith("-"):  # configurator would read it as a config file
+            die(f"unexpected argument '{arg}': options are --key=value (e.g. --input={arg})")
     try:
-        prepare(args.input, args.name, args.out_dir, args.eot, args.val_fraction, args.min_tokens, args.force,
-                log=lambda msg: print(msg, flush=True))
+        o = load_config(OPTIONS, argv, sources=[__file__])
+    except ConfigError as e:
+        die(e)
+    try:
+        prepare(o["input"] or None, o["name"] or None, o["out_dir"], o["eot"], o["val_fraction"], o["min_tokens"],
+                o["force"], log=lambda msg: print(msg, flush=True))
     except (PrepareError, FetchError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+        die(e)
     except OSError as e:  # input errors are PrepareErrors already: this is the output side (disk full, ...)
-        print(f"error: cannot write {e.filename or args.out_dir}: {e.strerror or e}", file=sys.stderr)
-        sys.exit(1)
+        die(f"cannot write {e.filename or o['out_dir']}: {e.strerror or e}")
     except KeyboardInterrupt:
         print("interrupted: no bins written", file=sys.stderr)
         sys.exit(130)

@@ -5,15 +5,7 @@ validation-loss curves (SVG, drawn by hand: no plotting library needed).
 $ python report.py out-cpu-*
 $ python report.py out-cpu-* --svg=experiments/results.svg --md=experiments/results.md
 
-Options (--key=value):
-  --svg=PATH     write the chart here (val loss vs step, one line per run)
-  --md=PATH      write the markdown table here (it is always printed)
-  --train=True   also draw the train-loss estimates, dashed
-  --x=epochs     the chart's x axis in epochs (passes over the training tokens) instead of steps
-  --compare=A,B  the difference A - B of two configs' final and best val loss, paired by seed (A and B name
-                 a run, or a group of runs that differ only in the seed, by its first run's name)
-  --ymin=, --ymax=  fix the chart's loss axis (default: fit the curves, ignoring the step-0 estimate)
-  --title=TEXT   chart title
+Options are --key=value after the run directories (python report.py --help lists them).
 
 Each run directory is what train.py writes: log.jsonl (one JSON record per line: 'start' or 'resume',
 'step', 'est', 'stop') and summary.json. Train and val loss are the run's last estimate (eval-mode
@@ -28,7 +20,7 @@ import os
 import sys
 from xml.sax.saxutils import escape
 
-from configurator import die
+from configurator import ConfigError, die, load_config
 
 # what the run's config may differ in and still count as "the same run, another seed"
 SEED_ONLY_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')
@@ -39,38 +31,35 @@ COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f',
 DASHES = ['', '6,3', '2,2', '8,3,2,3']  # cycled once the colours run out
 
 
+# options, parsed by configurator.py as train.py's keys are
+OPTIONS = dict(
+    svg='',       # write the chart here (val loss vs step, one line per run)
+    md='',        # write the markdown table here (it is always printed)
+    train=False,  # also draw the train-loss estimates, dashed
+    ymin=None,    # fix the chart's loss axis (None: fit the curves, ignoring the step-0 estimate)
+    ymax=None,    # (the same, at the top)
+    title='',     # chart title ('' = a description of the curves)
+    x='step',     # the chart's x axis: step, or epochs (passes over the training tokens)
+    compare='',   # A,B: A - B of final and best val loss, paired by seed (A, B: a run or a seed group's first run)
+)
+
+
 def parse_args(argv):
-    opts = {'svg': None, 'md': None, 'train': False, 'ymin': None, 'ymax': None, 'title': None, 'x': 'step',
-            'compare': None}
-    dirs = []
-    for arg in argv:
-        if not arg.startswith('--'):
-            dirs.append(arg)
-            continue
-        key, eq, value = arg[2:].partition('=')
-        if key not in opts or not eq:
-            die(f"unknown option '{arg}' (options: --svg=PATH --md=PATH --train=True --x=step|epochs --compare=A,B "
-                f"--ymin=X --ymax=X --title=TEXT)")
-        if key == 'train':
-            if value.lower() not in ('true', 'false'):
-                die(f"--train must be True or False, got '{value}'")
-            opts[key] = value.lower() == 'true'
-        elif key == 'x':
-            if value not in ('step', 'epochs'):
-                die(f"--x must be step or epochs, got '{value}'")
-            opts[key] = value
-        elif key == 'compare':
-            pair = value.split(',')
-            if len(pair) != 2 or not all(pair):
-                die(f"--compare takes two names, A,B; got '{value}'")
-            opts[key] = pair
-        elif key in ('ymin', 'ymax'):
-            try:
-                opts[key] = float(value)
-            except ValueError:
-                die(f"--{key} must be a number, got '{value}'")
-        else:
-            opts[key] = value
+    dirs = [a for a in argv if not a.startswith('-')]  # configurator would read these as config files
+    try:
+        opts = load_config(OPTIONS, [a for a in argv if a.startswith('-')], sources=[__file__])
+    except ConfigError as e:
+        die(e)
+    for key in ('ymin', 'ymax'):
+        if isinstance(opts[key], (bool, str)):  # a None default accepts these too
+            die(f"--{key} must be a number, got '{opts[key]}'")
+    if opts['x'] not in ('step', 'epochs'):
+        die(f"--x must be step or epochs, got '{opts['x']}'")
+    if opts['compare']:
+        pair = opts['compare'].split(',')
+        if len(pair) != 2 or not all(pair):
+            die(f"--compare takes two names, A,B; got '{opts['compare']}'")
+        opts['compare'] = pair
     if not dirs:
         die("no run directories given (usage: python report.py out-dir [out-dir ...] [--svg=PATH] [--md=PATH])")
     return dirs, opts

@@ -20,7 +20,7 @@ checkpoint = 'best'       # 'best' (lowest val loss) or 'last' -> out_dir/ckpt_{
 start = '\n'              # the prompt, or FILE:path to read it from a file
 num_samples = 3
 max_new_tokens = 200
-temperature = 0.8         # < 1 sharper, > 1 more random
+temperature = 0.8         # < 1 sharper, > 1 more random; 0 = greedy (always the most likely token)
 top_k = 200               # keep the k most likely tokens at each step; 0 = no top-k
 seed = 1337
 device = 'auto'           # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
@@ -39,8 +39,8 @@ if checkpoint not in ('best', 'last'):
     die(f"checkpoint must be 'best' or 'last', got {checkpoint!r}")
 if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
     die(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
-if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature <= 0:
-    die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature > 0")
+if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature < 0:
+    die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature >= 0 (0: greedy)")
 if compile and not kv_cache:
     die("--compile=True compiles the cached one-token step: it needs --kv_cache=True")
 

@@ -16,13 +16,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def test_bench_quick(tmp_path):
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "bench.py", "--quick=True", f"--out_json={out}"], cwd=HERE,
+    p = subprocess.run([sys.executable, "bench.py", "--quick", f"--out_json={out}"], cwd=HERE,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     assert r["machine"]["threads"] >= 1 and r["matmul_peak_flops"] > 0
     runs = {row["run"]: row for row in r["train"]}
     assert {"nanoGPT-style step (full logits)", "ours, eager", "AED small eager", "GPT small eager"} <= set(runs)
+    # the small pair's GPT is ours on nanoGPT's config: measured once, in the same interleaved group as the AED
+    assert runs["GPT small eager"]["ms_per_step"] == runs["ours, eager"]["ms_per_step"]
+    assert set(r["section_seconds"]) == {"train", "generate", "data", "prepare", "memory"}
     assert all(row["tokens_per_s"] > 0 and 0 < row["share_of_matmul_peak"] < 2 for row in r["train"])
     pair = r["aed_vs_gpt"][0]  # the small pair: the AED has more attention layers (2 x 3 vs 4), so more FLOPs
     assert pair["time_ratio_aed_over_gpt"] > 0 and pair["flops_ratio_aed_over_gpt"] > 1
@@ -44,3 +47,12 @@ def test_bench_quick(tmp_path):
 def test_bench_bad_option():
     p = subprocess.run([sys.executable, "bench.py", "--quik=True"], cwd=HERE, capture_output=True, text=True)
     assert p.returncode == 1 and "quick" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_uncached_lengths():
+    """Uncached generation is timed at every 8th length; their mean is the mean of all 199 (a token's uncached
+    cost is about linear in the length), so the figure stays the mean over the whole fill of the context."""
+    lengths = bench.uncached_lengths(199)
+    assert len(lengths) == 25 and sum(lengths) / 25 == sum(range(1, 200)) / 199
+    assert lengths == sorted(set(lengths)) and 1 <= lengths[0] and lengths[-1] <= 199
+    assert bench.uncached_lengths(5) == [1, 2, 3, 4, 5]

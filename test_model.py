@@ -214,10 +214,15 @@ def grads(model):
 
 
 def load_config_file(name, **overrides):
-    """A config/*.py file (flat `key = value` lines) -> ModelConfig of its model keys, then overrides."""
+    """A config/*.py file (`key = value` lines, include('other.py') as configurator.py reads it) -> ModelConfig of
+    its model keys, then overrides."""
     path = os.path.join(HERE, "config", name)
     assert os.path.exists(path), f"{path} does not exist"
-    ns = {}
+
+    def include(other):  # the other file's keys, set at this point
+        with open(os.path.join(HERE, "config", other)) as f:
+            exec(f.read(), ns)
+    ns = {"include": include}
     with open(path) as f:
         exec(f.read(), ns)
     return ModelConfig(**{**{k: v for k, v in ns.items() if k in MODEL_KEYS}, **overrides})
@@ -635,6 +640,43 @@ def test_pos_add_uses_next_position(T):
     assert (after[:, T - 1] - before[:, T - 1]).abs().max() > 1e-3
 
 
+def test_pos_add_keeps_the_autocast_dtype():
+    """add_pos_embed_to_decoder adds in place, as the author's `decoder_x += wpe(...)`: under bf16 autocast the
+    decoder stream stays bf16 (the fp32 sum rounded once), not promoted to fp32 by the fp32 wpe."""
+    cfg = tiny(context_size=8, add_pos_embed_to_decoder=True)
+    m = make(cfg).eval()
+    x, _ = batch(cfg)
+    seen = {}
+    m.bridge.register_forward_hook(lambda mod, inp, out: seen.update(bridge=out.clone()))
+    m.decoder_blocks[0].register_forward_pre_hook(lambda mod, args, kwargs: seen.update(dec=args[0]), with_kwargs=True)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        m(x)
+    assert seen["bridge"].dtype == torch.bfloat16
+    assert seen["dec"].dtype == torch.bfloat16
+    expected = (seen["bridge"].float() + m.wpe.weight[1:x.size(1) + 1]).to(torch.bfloat16)
+    assert torch.equal(seen["dec"], expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pos_add_in_place_is_bit_identical_in_full_precision(dtype):
+    """Outside autocast the in-place add gives bit for bit what `dec = dec + wpe(pos + 1)` gave: the same
+    logits, loss and gradients (written out here with a hook on an otherwise identical model)."""
+    cfg = tiny(context_size=8, add_pos_embed_to_decoder=True, embedding_loss_type="MSE", detach_type="NONE")
+    a = make(cfg).to(dtype)
+    b = make(cfg).to(dtype)
+    b.config = dataclasses.replace(cfg)
+    b.config.add_pos_embed_to_decoder = False  # b's forward skips the add; the hook does it out of place
+    b.bridge.register_forward_hook(lambda mod, inp, out: out + b.wpe(torch.arange(1, out.size(1) + 1)))
+    x, y = batch(cfg)
+    for m in (a, b):
+        logits, loss = m(x, y)
+        loss.backward()
+    la, lb = a(x)[0], b(x)[0]
+    assert torch.equal(la, lb)
+    ga, gb = grads(a), grads(b)
+    assert all(torch.equal(ga[k], gb[k]) for k in ga)
+
+
 # -----------------------------------------------------------------------------
 # causality
 
@@ -763,6 +805,21 @@ def test_generate_cache_equals_no_cache(kw):
         streams.append(m.generate(prompt, max_new_tokens=12, temperature=2.0, kv_cache=kv_cache))
     assert torch.equal(streams[0], streams[1])
     assert len(set(streams[0][:, 3:].flatten().tolist())) > 4  # varied, not a constant stream
+
+
+@pytest.mark.parametrize("kv_cache", [False, True])
+def test_generate_temperature_zero_is_argmax(kv_cache):
+    """temperature=0 is greedy: each new token is the argmax of the full model's logits, past context_size too."""
+    cfg = tiny(context_size=8, sub_pos_embed_to_decoder="YES_NO_LN")
+    m = make(cfg).eval()
+    prompt, _ = batch(cfg, T=3)
+    with torch.no_grad():
+        out = m.generate(prompt, max_new_tokens=10, temperature=0, top_k=5, kv_cache=kv_cache)
+        expected = prompt
+        for _ in range(10):
+            logits = m(expected[:, -cfg.context_size:])[0][:, -1]  # (B, V)
+            expected = torch.cat((expected, logits.argmax(dim=-1, keepdim=True)), dim=1)
+    assert torch.equal(out, expected)
 
 
 # -----------------------------------------------------------------------------

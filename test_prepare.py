@@ -330,3 +330,20 @@ def test_error_from_command_line_has_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, prepare.__file__, f"--input={tmp_path / 'missing.txt'}"],
                        capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 1 and r.stderr == f"error: input not found: {tmp_path / 'missing.txt'}\n"
+
+
+def test_command_line_options(tmp_path, capsys):
+    """prepare.py parses its options with configurator.py, as train.py does: --key=value, and a boolean
+    alone (--force, or --no-eot for eot=False)."""
+    path = write(tmp_path / "a.txt", "\n".join(make_docs(300)) + EOT + "tail")
+    argv = [f"--input={path}", "--name=t", f"--out_dir={tmp_path}", "--min_tokens=1", "--no-eot"]
+    prepare.main(argv)
+    meta = json.load(open(tmp_path / "t" / "meta.json"))
+    assert meta["fingerprint"]["eot"] is False and 50256 not in sum(bins(tmp_path, "t"), [])
+    prepare.main(argv + ["--force"])
+    assert "is up to date" not in capsys.readouterr().out  # --force redid it
+    prepare.main(argv)
+    assert "is up to date" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        prepare.main([path])
+    assert e.value.code == 1 and f"unexpected argument '{path}'" in capsys.readouterr().err

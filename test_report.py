@@ -128,7 +128,7 @@ def test_bad_input(tmp_path):
         f.write('garbage\n{"type": "start", "step": 0}\n')
     one_line_error(run_report(d), 'line 1 is not JSON')
     one_line_error(run_report(), 'no run directories given')
-    one_line_error(run_report(d, '--svgg=x.svg'), "unknown option '--svgg=x.svg'")
+    one_line_error(run_report(d, '--svgg=x.svg'), "unknown config key 'svgg'", "did you mean 'svg'")
     one_line_error(run_report(d, '--ymin=low'), '--ymin must be a number')
 
 

@@ -5,6 +5,7 @@ on tiny models and tiny generated data, so the whole file takes well under two m
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,7 +53,8 @@ def test_cli_values_types_and_order(tmp_path):
     (['--batch_size=True'], ['batch_size', 'expected int', 'bool']),
     (['--lr=fast'], ['lr', 'expected float', 'str']),
     (['--compile=yes'], ['compile', 'expected bool']),
-    (['--lr'], ['expected --key=value']),
+    (['--lr'], ['expected --lr=value', 'only a boolean key can stand alone']),
+    (['--no-lr'], ["unknown config key 'no_lr'"]),
     (['no/such/config.py'], ['config file not found: no/such/config.py']),
 ])
 def test_config_errors(argv, words):
@@ -77,6 +79,65 @@ def test_config_file_errors(tmp_path):
         load_config(DEFAULTS, [str(bad)])
 
 
+def test_bare_boolean_flags():
+    defaults = dict(DEFAULTS, quick=False)
+    assert load_config(defaults, ['--quick'])['quick'] is True  # a boolean key alone means True
+    assert load_config(defaults, ['--no-compile'])['compile'] is False
+    assert load_config(defaults, ['--no_compile', '--compile'])['compile'] is True  # in order, as always
+    assert load_config(defaults, ['--quick=False'])['quick'] is False
+
+
+def test_config_file_include(tmp_path):
+    (tmp_path / 'base.py').write_text("lr = 1\nbatch_size = 8\nout_dir = 'base'\n")
+    (tmp_path / 'sub').mkdir()
+    child = tmp_path / 'sub' / 'child.py'
+    child.write_text("include('../base.py')  # relative to this file, not to the working directory\n"
+                     "batch_size = 4\n")
+    c = load_config(DEFAULTS, [str(child), '--out_dir=cli'])
+    assert (c['lr'], c['batch_size'], c['out_dir']) == (1.0, 4, 'cli')  # later lines and the command line win
+    child.write_text("batch_size = 4\ninclude('../base.py')\n")
+    assert load_config(DEFAULTS, [str(child)])['batch_size'] == 8  # an include sets its keys where it stands
+    child.write_text("include('nope.py')\n")
+    with pytest.raises(ConfigError, match=r"child.py: include\('nope.py'\): config file not found: .*nope.py"):
+        load_config(DEFAULTS, [str(child)])
+    child.write_text("include('child.py')\n")
+    with pytest.raises(ConfigError, match=r"child.py: include\('child.py'\): includes nested more than 8 deep"):
+        load_config(DEFAULTS, [str(child)])
+    (tmp_path / 'base.py').write_text("lr = 'high'\n")
+    child.write_text("include('../base.py')\n")
+    with pytest.raises(ConfigError, match=r"lr in .*base.py: expected float"):  # names the file with the mistake
+        load_config(DEFAULTS, [str(child)])
+
+
+@pytest.mark.parametrize('script, sources, line', [
+    ('train.py', ['train.py', 'model.py'], "  lr = 0.0009 .*# peak learning rate"),
+    ('sample.py', ['sample.py'], "  temperature = 0.8 .*# < 1 sharper, > 1 more random; 0 = greedy"),
+    ('bench.py', ['bench.py'], "  quick = False .*# "),
+    ('prepare.py', ['prepare.py'], "  eot = True .*# encode <\\|endoftext\\|>.*--no-eot"),
+    ('report.py', ['report.py'], "  svg = '' .*# write the chart here"),
+])
+def test_help(script, sources, line):
+    """--help (or -h) prints the script's docstring and every key with its default and the comment beside it
+    in the source, and exits 0, whatever else is on the command line."""
+    from configurator import key_comments
+    p = run(script, '--no_such_key=1', '-h' if script == 'prepare.py' else '--help')
+    assert p.returncode == 0 and p.stderr == '', p.stderr
+    assert re.search(line, p.stdout, re.M), p.stdout
+    assert p.stdout.startswith(open(os.path.join(ROOT, script)).read().split('"""')[1].strip().splitlines()[0])
+    comments = {}
+    for src in reversed(sources):
+        comments.update(key_comments(os.path.join(ROOT, src)))
+    keys = [m.group(1) for m in re.finditer(r'^  (\w+) = ', p.stdout, re.M)]
+    assert len(keys) >= 5
+    for key in keys:
+        shown = re.search(rf'^  {key} = .*$', p.stdout, re.M).group(0)
+        if key in comments:
+            assert shown.endswith('# ' + comments[key]), shown
+    if script == 'train.py':
+        assert keys == list(script_defaults())
+        assert re.search(r'^  n_layer = 13 .*# AED: n_layer encoder blocks', p.stdout, re.M)  # from model.py
+
+
 def test_collect_defaults():
     ns = {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None, '_private': 1, 'os': os, 'fn': len, 'lst': [1]}
     assert collect_defaults(ns) == {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None}
@@ -91,6 +152,87 @@ def test_every_config_file_loads():
         if name.endswith('.py'):
             c = load_config(defaults, [os.path.join(ROOT, 'config', name)])
             ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)})
+
+
+# Every config/*.py as it loaded on commit 5f7bed1, before the files were cut down to what they change:
+# train.py's defaults then, and what each file changed from them (generated once, by load_config).
+START_DEFAULTS = {
+    'out_dir': 'out', 'init_from': 'scratch', 'est_interval': 500, 'est_steps': 200, 'log_interval': 1,
+    'save_interval': 0, 'wandb_log': False, 'wandb_project': 'aed', 'wandb_run_name': '', 'data_dir': 'data',
+    'dataset': 'wikipedia', 'batch_size': 50, 'gradient_accumulation_steps': 16, 'lr': 0.0009, 'min_lr': 9e-05,
+    'warmup_iters': 300, 'lr_decay_iters': 700000, 'decay_lr': True, 'beta1': 0.9, 'beta2': 0.95, 'weight_decay': 0.1,
+    'grad_clip': 0.0, 'train_steps': 9000, 'device': 'auto', 'dtype': 'auto', 'compile': True, 'seed': 1337,
+    'arch': 'aed', 'vocab_size': 50257, 'context_size': 200, 'n_embed': 150, 'n_layer': 13, 'n_head': 5,
+    'dropout_rate': 0.0, 'use_bias': False, 'cross_attn_n_head': None, 'cross_attn_use_bias': None,
+    'order_type': 'ORIGINAL', 'add_ln_before_decoder_ff': False, 'add_pos_embed_to_decoder': False,
+    'sub_pos_embed_to_decoder': 'NO', 'embedding_loss_type': 'NONE', 'embedding_loss_coeff': None,
+    'detach_type': None, 'embedding_ln_type': None, 'use_ln_on_encoder_out': None,
+}
+START_CPU = {  # common to the eight cpu_*.py files (written out in each of them then)
+    'est_interval': 150, 'est_steps': 12, 'log_interval': 50, 'batch_size': 8, 'gradient_accumulation_steps': 1,
+    'lr': 0.002, 'min_lr': 0.0002, 'warmup_iters': 40, 'lr_decay_iters': 600, 'train_steps': 600, 'device': 'cpu',
+    'dtype': 'float32', 'compile': False, 'context_size': 128,
+}
+START_CPU_AED = dict(START_CPU, n_embed=96, n_layer=2, n_head=4, cross_attn_n_head=8, cross_attn_use_bias=False)
+START_LOSS = {'embedding_loss_coeff': 1.0, 'detach_type': 'ENCODER_OUT', 'embedding_ln_type': 'INIT',
+              'use_ln_on_encoder_out': True}
+START_CONFIGS = {
+    'aed_cosine': {'out_dir': 'out-aed-cosine', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
+                   'embedding_loss_type': 'COSINE', **START_LOSS},
+    'aed_mse': {'out_dir': 'out-aed-mse', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
+                'embedding_loss_type': 'MSE', **START_LOSS},
+    'aed_mse_possub': {'out_dir': 'out-aed-mse-possub', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
+                       'sub_pos_embed_to_decoder': 'YES_NO_LN', 'embedding_loss_type': 'MSE',
+                       **START_LOSS, 'embedding_loss_coeff': 8.0},
+    'aed_plain': {'out_dir': 'out-aed-plain', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False},
+    'aed_possub': {'out_dir': 'out-aed-possub', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
+                   'sub_pos_embed_to_decoder': 'YES_NO_LN'},
+    'baseline': {'out_dir': 'out-baseline', 'arch': 'gpt', 'n_embed': 160, 'n_layer': 26, 'n_head': 10},
+    'baseline_dropout': {'out_dir': 'out-baseline-dropout', 'arch': 'gpt', 'n_embed': 160, 'n_layer': 26,
+                         'n_head': 10, 'dropout_rate': 0.2},
+    'baseline_small': {'out_dir': 'out-baseline-small', 'arch': 'gpt', 'n_embed': 156, 'n_layer': 26, 'n_head': 12},
+    'cpu_aed_cosine': {'out_dir': 'out-cpu-aed-cosine', **START_CPU_AED, 'embedding_loss_type': 'COSINE',
+                       **START_LOSS},
+    'cpu_aed_mse': {'out_dir': 'out-cpu-aed-mse', **START_CPU_AED, 'embedding_loss_type': 'MSE', **START_LOSS},
+    'cpu_aed_mse_possub': {'out_dir': 'out-cpu-aed-mse-possub', **START_CPU_AED, 'sub_pos_embed_to_decoder': 'YES_NO_LN',
+                           'embedding_loss_type': 'MSE', **START_LOSS, 'embedding_loss_coeff': 8.0},
+    'cpu_aed_plain': {'out_dir': 'out-cpu-aed-plain', **START_CPU_AED},
+    'cpu_aed_possub': {'out_dir': 'out-cpu-aed-possub', **START_CPU_AED, 'sub_pos_embed_to_decoder': 'YES_NO_LN'},
+    'cpu_baseline': {'out_dir': 'out-cpu-baseline', **START_CPU, 'arch': 'gpt', 'n_embed': 98, 'n_layer': 4,
+                     'n_head': 7},
+    'cpu_baseline_dropout': {'out_dir': 'out-cpu-baseline-dropout', **START_CPU, 'arch': 'gpt', 'n_embed': 98,
+                             'n_layer': 4, 'n_head': 7, 'dropout_rate': 0.2},
+    'cpu_baseline_small': {'out_dir': 'out-cpu-baseline-small', **START_CPU, 'arch': 'gpt', 'n_embed': 96,
+                           'n_layer': 4, 'n_head': 8},
+}
+
+
+def test_config_files_load_the_values_they_always_had():
+    """Cutting the config files down to what they change (and letting the CPU ones include() shared files)
+    changed no value of any run: each loads exactly as on commit 5f7bed1 (types included: 1.0 is not 1)."""
+    defaults = script_defaults()
+    for name, changes in START_CONFIGS.items():
+        loaded = load_config(defaults, [os.path.join(ROOT, 'config', name + '.py')])
+        for key, value in {**START_DEFAULTS, **changes}.items():
+            assert (loaded[key], type(loaded[key])) == (value, type(value)), (name, key)
+
+
+def test_config_files_state_only_what_they_change():
+    """No config file sets a key to train.py's default (arch aside, which says which model it is), and no CPU
+    run repeats a key of config/cpu_common.py, which they all include."""
+    from configurator import read_config_file
+    defaults = script_defaults()
+    config_dir = os.path.join(ROOT, 'config')
+    for name in sorted(os.listdir(config_dir)):
+        values = read_config_file(os.path.join(config_dir, name), defaults)
+        restated = {k for k, v in values.items() if (v, type(v)) == (defaults[k], type(defaults[k]))} - {'arch'}
+        assert not restated, (name, restated)
+    common = read_config_file(os.path.join(config_dir, 'cpu_common.py'), defaults)
+    for name in sorted(os.listdir(config_dir)):
+        if name.startswith('cpu_') and name != 'cpu_common.py':
+            own = {'include': lambda other: None}  # the keys of the file's own lines
+            exec(open(os.path.join(config_dir, name)).read(), own)
+            assert not set(own) & set(common), (name, set(own) & set(common))
 
 
 def script_defaults():
@@ -246,6 +388,35 @@ def test_train_kill_resume_sample(tmp_path):
         assert p.stdout.count('---------------') == 2 and p.stdout.startswith('The first of the')
         outs.append(p.stdout)
     assert outs[0] == outs[1] == outs[2]  # same seed, same samples: the cache and compiling change speed only
+    # temperature 0 is greedy: every sample, whatever the seed, is the argmax continuation
+    greedy = [run('sample.py', f'--out_dir={killed}', f'--start=FILE:{prompt}', '--num_samples=2',
+                  '--max_new_tokens=20', '--device=cpu', '--temperature=0', f'--seed={s}') for s in (1, 2)]
+    assert all(p.returncode == 0 for p in greedy), greedy[0].stderr
+    assert greedy[0].stdout == greedy[1].stdout
+    first, second = greedy[0].stdout.split('---------------\n')[:2]
+    assert first == second and first.startswith('The first of the')
+
+
+def test_run_header_and_expected_time(tmp_path):
+    """No silent start: the run's header comes before compiling, which says it takes about a minute; after the
+    first step and again after ten, the expected time per step, for the steps left and for the whole run."""
+    data = make_data(tmp_path)
+    env = dict(ENV, TORCHDYNAMO_DISABLE='1')  # torch.compile returns at once: the order of the lines is tested
+    p = subprocess.run([PY, 'train.py', *TINY, '--compile', f'--data_dir={data}', '--dataset=tiny', '--train_steps=14',
+                        '--est_interval=7', '--log_interval=100', f'--out_dir={tmp_path}/out'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    where = {key: next(i for i, line in enumerate(lines) if line.startswith(key))
+             for key in ('aed model, ', 'compiling the model', 'compiled in', 'step 0: train loss')}
+    assert where['aed model, '] < where['compiling the model'] < where['compiled in'] < where['step 0: train loss']
+    assert 'about a minute' in lines[where['compiling the model']]
+    expected = [line for line in lines if line.startswith('expected: ')]
+    assert len(expected) == 2, p.stdout
+    assert '(the first step)' in expected[0] and '~' in expected[0]
+    assert 'for the 13 steps left and 2 estimate(s) of ~' in expected[0]  # estimates at steps 7 and 14
+    assert '(median of steps 2-10)' in expected[1] and 'for the 4 steps left and 1 estimate(s)' in expected[1]
+    assert all(re.search(r'\d+ ms/step .*the whole run ~[\d.]+ (s|min|h)$', line) for line in expected), expected
 
 
 def test_new_model_keys_train_resume_sample(tmp_path):

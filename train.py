@@ -20,6 +20,7 @@ import math
 import os
 import re
 import shutil
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -35,17 +36,17 @@ from model import ModelConfig, build_model
 # -----------------------------------------------------------------------------
 # defaults: the author's common settings (SPEC section 4)
 # I/O
-out_dir = 'out'
+out_dir = 'out'        # checkpoints, log.jsonl and summary.json go here
 init_from = 'scratch'  # 'scratch' or 'resume' (continue from out_dir/ckpt_last.pt)
 est_interval = 500     # estimate train/val loss every this many steps, and at the end
 est_steps = 200        # batches per split in each estimate
 log_interval = 1       # print a line every this many steps (log.jsonl gets every step)
 save_interval = 0      # also save ckpt_last.pt every this many steps (0: only at estimates and the end)
 wandb_log = False      # wandb is imported only when this is on
-wandb_project = 'aed'
+wandb_project = 'aed'  # the wandb project of the run
 wandb_run_name = ''    # '' -> the out_dir name
 # data
-data_dir = 'data'
+data_dir = 'data'      # where prepare.py wrote the data
 dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.py makes them)
 train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it); val is unchanged
 batch_size = 50        # sequences per micro-step per process
@@ -56,7 +57,7 @@ min_lr = 9e-5
 warmup_iters = 300
 lr_decay_iters = 700000  # cosine decay to min_lr by here: ~constant lr over 9k steps, as the author ran
 decay_lr = True        # False: lr constant (no warm-up either)
-beta1 = 0.9
+beta1 = 0.9            # AdamW's betas
 beta2 = 0.95
 weight_decay = 0.1     # on weights with dim >= 2 only
 grad_clip = 0.0        # clip the global grad norm at this value; 0 = off (the author's runs)
@@ -65,7 +66,7 @@ train_steps = 9000     # optimizer steps
 device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere), or name one
 compile = True         # torch.compile the model (the CPU presets turn it off: slower there, see README)
-seed = 1337
+seed = 1337            # the init, the batches and dropout all follow from it
 # model: every ModelConfig field of model.py is also a key, with ModelConfig's default
 # (arch, vocab_size, context_size, n_embed, n_layer, n_head, dropout_rate, use_bias, the AED keys ...)
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -75,7 +76,8 @@ DEFAULTS.update({f.name: f.default for f in dataclasses.fields(ModelConfig)})
 
 
 try:
-    config = load_config(DEFAULTS, sys.argv[1:])
+    # --help lists every key, with the comments beside them here and in model.py's ModelConfig
+    config = load_config(DEFAULTS, sys.argv[1:], sources=[__file__, sys.modules[ModelConfig.__module__].__file__])
 except ConfigError as e:
     die(e)
 
@@ -262,7 +264,21 @@ if ckpt is not None:
         scaler.load_state_dict(ckpt['scaler'])
     start_step, best_val_loss, elapsed_before = ckpt['step'], ckpt['best_val_loss'], ckpt.get('elapsed', 0.0)
 
+peak_flops, peak_note = gpu_peak_flops()
+flops_per_step = raw_model.flops_per_token() * tokens_per_step
+if master:  # the header first: a slow start (compiling, or hardware too slow for the config) is never silent
+    print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
+          f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
+          f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} | "
+          f"{world_size} process(es), {device}, {dtype}, compile {'on' if compile else 'off'} | "
+          f"mfu: {peak_note}", flush=True)
+    if init_from == 'resume':
+        print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
+              f"(best val loss {best_val_loss:.4f})", flush=True)
+
 if compile:
+    if master:
+        print("compiling the model with torch.compile: about a minute (--compile=False skips it)", flush=True)
     t0 = time.time()
     model = torch.compile(model)
     try:
@@ -379,23 +395,18 @@ def elapsed():
     return elapsed_before + time.time() - t_start
 
 
-peak_flops, peak_note = gpu_peak_flops()
-flops_per_step = raw_model.flops_per_token() * tokens_per_step
+def duration(s):
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 90 * 60 else f"{s / 3600:.1f} h"
+
+
 if master:
     os.makedirs(out_dir, exist_ok=True)
     # a fresh run starts a fresh log; a resumed one appends (records after a 'resume' record
     # supersede earlier ones with the same or later step)
     log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a' if init_from == 'resume' else 'w')
     log_record({'type': 'resume' if init_from == 'resume' else 'start', 'step': start_step,
-                'train_tokens': len(train_data), 'world_size': world_size, 'device': device, 'dtype': dtype, 'config': run_config})
-    print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
-          f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
-          f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} | "
-          f"{world_size} process(es), {device}, {dtype}, compile {'on' if eval_model is not raw_model else 'off'} | "
-          f"mfu: {peak_note}", flush=True)
-    if init_from == 'resume':
-        print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
-              f"(best val loss {best_val_loss:.4f})", flush=True)
+                'train_tokens': len(train_data), 'world_size': world_size, 'device': device, 'dtype': dtype,
+                'config': run_config})
     if wandb_log:
         try:
             import wandb
@@ -407,12 +418,14 @@ if master:
 # training loop
 step = start_step
 last_est = {}
+step_times, est_s = [], None  # for the expected time of the run
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
             t0 = time.time()
             last_est = estimate_loss()
+            est_s = time.time() - t0
             if not all(math.isfinite(v) for v in last_est.values()):
                 stop(f"loss estimate is not finite ({last_est})", step)
             improved = last_est['val'] < best_val_loss
@@ -485,6 +498,18 @@ while True:
             if wandb_log:
                 wandb.log({'step': step, 'train/loss': loss_v, 'train/ce': ce_v, 'train/emb': emb_v, 'lr': lr_now,
                            'tok_s': tok_s, 'mfu': mfu})
+        step_times.append(dt)
+        if len(step_times) in (1, 10) and step < train_steps:
+            # the time the rest will take, from the first step and then from the median of steps 2-10: on hardware
+            # too slow for the config the user knows at once
+            per_step = statistics.median(step_times[1:]) if len(step_times) > 1 else dt
+            n_est = train_steps // est_interval - (step - 1) // est_interval + (train_steps % est_interval != 0)
+            rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est
+            est_txt = f" and {n_est} estimate(s) of ~{duration(est_s)}" if est_s is not None else ""
+            print(f"expected: {per_step * 1000:,.0f} ms/step "
+                  f"({'the first step' if len(step_times) == 1 else 'median of steps 2-10'}), so "
+                  f"~{duration(rest)} for the {train_steps - step:,} steps left{est_txt}: "
+                  f"the whole run ~{duration(elapsed() + rest)}", flush=True)
 
 if master:
     print(f"done: {step} steps, {step * tokens_per_step:,} tokens, best val loss {best_val_loss:.4f}, "

@@ -7,41 +7,16 @@
 # 64 as GPT-2's, 22 cross-attention heads of 32. 119,168,896 params, 3.5% fewer (no width from 705 to 719,
 # the widest still below, splits so).
 # $ python prepare.py --input=corpus.txt --name=corpus && torchrun --standalone --nproc_per_node=8 train.py config/aed_gpt2.py --dataset=corpus
-# Hyperparameters: the same as config/baseline_gpt2.py (see there why).
+# Hyperparameters: the same as config/baseline_gpt2.py (see there why); the model options: aed_mse_possub's.
+include('aed_mse_possub.py')  # the author's run: its model options
 out_dir = 'out-aed-gpt2'
-dataset = 'wikipedia'  # any corpus: python prepare.py --input=... --name=NAME, then --dataset=NAME
 batch_size = 12
 gradient_accumulation_steps = 40  # the global count: 5 per GPU on 8 GPUs
 lr = 6e-4
 min_lr = 6e-5
-warmup_iters = 300
-lr_decay_iters = 700000  # the lr stays ~constant after warm-up
-decay_lr = True
-beta1 = 0.9
-beta2 = 0.95
-weight_decay = 0.1
 grad_clip = 1.0
-train_steps = 9000
-est_interval = 500
-est_steps = 200
-
-# model
-arch = 'aed'
-vocab_size = 50257
 context_size = 1024
 n_embed = 704
 n_layer = 6  # 6 encoder + 6 decoder blocks
 n_head = 11
-dropout_rate = 0.0
-use_bias = False
 cross_attn_n_head = 22
-cross_attn_use_bias = False
-order_type = 'ORIGINAL'
-add_ln_before_decoder_ff = False
-add_pos_embed_to_decoder = False
-sub_pos_embed_to_decoder = 'YES_NO_LN'
-embedding_loss_type = 'MSE'
-embedding_loss_coeff = 8.0
-detach_type = 'ENCODER_OUT'
-embedding_ln_type = 'INIT'
-use_ln_on_encoder_out = True
