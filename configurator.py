@@ -21,6 +21,7 @@ turn it into `error: ...` on stderr and exit status 1 with die().
 import ast
 import difflib
 import os
+import re
 import sys
 import types
 
@@ -133,6 +134,12 @@ def load_config(defaults, argv, base=None):
             for key, value in read_config_file(arg, defaults).items():
                 config[key] = check_type(key, value, defaults[key], f"in {arg}")
     return config
+
+
+def check_device(device):
+    """The device names train.py and sample.py take: raise ConfigError for anything else."""
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
+        raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
 
 
 def collect_defaults(namespace):

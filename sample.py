@@ -10,7 +10,7 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import ConfigError, collect_defaults, die, first_line, load_config
+from configurator import ConfigError, check_device, collect_defaults, die, first_line, load_config
 from model import ModelConfig, build_model
 from tokenizer import get_encoding
 
@@ -33,6 +33,7 @@ DEFAULTS = collect_defaults(globals())
 
 try:
     globals().update(load_config(DEFAULTS, sys.argv[1:]))
+    check_device(device)
 except ConfigError as e:
     die(e)
 if checkpoint not in ('best', 'last'):

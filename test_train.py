@@ -2,12 +2,21 @@
 Tests of configurator.py, train.py and sample.py. The scripts run as users run them (subprocesses)
 on tiny models and tiny generated data, so the whole file takes well under two minutes on 2 cores.
 """
+import contextlib
+import errno
+import gc
+import io
 import json
 import os
+import re
+import runpy
+import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -134,6 +143,25 @@ def make_data(root, n_train=6000, n_val=1500):
         seq = np.tile(sentence, n // 61 + 1)[:n].astype(np.uint16)
         seq.tofile(os.path.join(d, f'{split}.bin'))
     return str(root)
+
+
+def run_here(script, *args):
+    """Run a script in this process, as `python script args` would (exit status, stdout, stderr), for the
+    cases that need no process of their own (no signals, no second run alive): no torch import each time."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    out, err, argv, status = io.StringIO(), io.StringIO(), sys.argv, 0
+    sys.argv = [script, *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), torch.random.fork_rng():
+            runpy.run_path(os.path.join(ROOT, script), run_name='__main__')
+    except SystemExit as e:
+        status = e.code
+    finally:
+        sys.argv = argv
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+        gc.collect()  # closes the run's files, and so releases its lock on out_dir
+    return subprocess.CompletedProcess([script, *args], status, out.getvalue(), err.getvalue())
 
 
 def read_log(out_dir):
@@ -309,3 +337,32 @@ def test_torchrun_two_processes_match_one(tmp_path):
     assert p.returncode == 0, p.stderr
     c = load_ckpt(same)
     assert max((b['model'][k] - c['model'][k]).abs().max() for k in c['model']) > 1e-3
+
+
+# ----------------------------------------------------------------------------- reliability (issue 12)
+def test_bad_values_and_data_are_one_line(tmp_path):
+    nodata = [*TINY, f'--data_dir={tmp_path}', '--dataset=none', f'--out_dir={tmp_path}/out']
+    for arg, words in [('--lr=-1', 'lr must be > 0, got -1.0'), ('--lr=0', 'lr must be > 0'),
+                       ('--min_lr=-1', 'min_lr must be >= 0'), ('--weight_decay=-1', 'weight_decay must be >= 0'),
+                       ('--grad_clip=-1', 'grad_clip must be >= 0'), ('--beta1=1.5', 'beta1 must be in [0, 1)'),
+                       ('--beta2=1', 'beta2 must be in [0, 1)'), ('--device=banana', "got 'banana'"),
+                       ('--out_dir=', 'out_dir must not be empty')]:
+        assert_one_line_error(run_here('train.py', *nodata, arg), words)
+    assert_one_line_error(run_here('sample.py', '--device=banana'), "got 'banana'")
+
+    def bad_data(name, train=None, meta=None):
+        d = make_data(tmp_path / name)
+        if train is not None:
+            (tmp_path / name / 'tiny' / 'train.bin').write_bytes(train)
+        if meta is not None:
+            (tmp_path / name / 'tiny' / 'meta.json').write_text(meta)
+        return run_here('train.py', *TINY, f'--data_dir={d}', '--dataset=tiny', f'--out_dir={tmp_path}/{name}/out')
+    train_bin = os.path.join(str(tmp_path), 'empty', 'tiny', 'train.bin')
+    assert_one_line_error(bad_data('empty', train=b''), train_bin, 'has 0 tokens')
+    assert_one_line_error(bad_data('odd', train=b'\x01' * 1001), 'odd number of bytes (1001)')
+    ids = np.full(500, 7, dtype=np.uint16)
+    ids[321] = 2000  # >= TINY's vocab_size 1024
+    assert_one_line_error(bad_data('big_id', train=ids.tobytes()), 'holds token id 2000, but vocab_size is 1024')
+    assert_one_line_error(bad_data('meta', meta='{"vocab_size": 50257,'), 'cannot read', 'meta.json')
+    assert_one_line_error(bad_data('meta_list', meta='[1, 2]'), 'meta.json', 'expected a JSON object')
+

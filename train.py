@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import ConfigError, collect_defaults, die, first_line, load_config
+from configurator import ConfigError, check_device, collect_defaults, die, first_line, load_config
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -103,14 +103,25 @@ globals().update(config)
 # value checks the type check cannot do
 if init_from not in ('scratch', 'resume'):
     die(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+if not out_dir:
+    die("out_dir must not be empty (it is where the checkpoints and the log go)")
 if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
     die(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+try:
+    check_device(device)
+except ConfigError as e:
+    die(e)
 for k in ('batch_size', 'gradient_accumulation_steps', 'est_interval', 'est_steps', 'log_interval'):
     if config[k] < 1:
         die(f"{k} must be >= 1, got {config[k]}")
-for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters'):
-    if config[k] < 0:
+for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters', 'min_lr', 'weight_decay', 'grad_clip'):
+    if config[k] < 0:  # a negative min_lr is gradient ascent, a negative weight decay pushes weights up
         die(f"{k} must be >= 0, got {config[k]}")
+if lr <= 0:
+    die(f"lr must be > 0, got {lr}")
+for k in ('beta1', 'beta2'):
+    if not 0 <= config[k] < 1:
+        die(f"{k} must be in [0, 1), got {config[k]}")
 if decay_lr and lr_decay_iters <= warmup_iters:
     die(f"lr_decay_iters ({lr_decay_iters}) must be > warmup_iters ({warmup_iters})")
 try:
@@ -159,17 +170,30 @@ def open_split(split):
     path = os.path.join(data_dir, dataset, f'{split}.bin')
     if not os.path.isfile(path):
         die(f"{path} not found: run python prepare.py")
+    size = os.path.getsize(path)
+    if size % 2:
+        die(f"{path} has an odd number of bytes ({size}): not a file of uint16 token ids, or a truncated one")
+    if size < 2 * (context_size + 2):
+        die(f"{path} has {size // 2} tokens, fewer than context_size + 2 = {context_size + 2}")
     data = np.memmap(path, dtype=np.uint16, mode='r')
-    if len(data) < context_size + 2:
-        die(f"{path} has {len(data)} tokens, fewer than context_size + 2 = {context_size + 2}")
+    # once, here: an id past the embedding table would otherwise be an IndexError steps later
+    # (one pass over the file: memory speed once cached, which training needs anyway)
+    if int(data.max()) >= vocab_size:
+        die(f"{path} holds token id {int(data.max())}, but vocab_size is {vocab_size}: data and model disagree")
     return data
 
 
 train_data, val_data = open_split('train'), open_split('val')
 meta_path = os.path.join(data_dir, dataset, 'meta.json')
 if os.path.isfile(meta_path):
-    with open(meta_path) as f:
-        meta_vocab = json.load(f).get('vocab_size')
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        die(f"cannot read {meta_path}: {getattr(e, 'strerror', None) or e}")
+    if not isinstance(meta, dict):
+        die(f"{meta_path}: expected a JSON object as prepare.py writes it, got a {type(meta).__name__}")
+    meta_vocab = meta.get('vocab_size')
     if isinstance(meta_vocab, int) and meta_vocab > vocab_size:
         die(f"{meta_path} says vocab_size {meta_vocab}, more than the model's vocab_size {vocab_size}")
 
