@@ -366,3 +366,106 @@ def test_bad_values_and_data_are_one_line(tmp_path):
     assert_one_line_error(bad_data('meta', meta='{"vocab_size": 50257,'), 'cannot read', 'meta.json')
     assert_one_line_error(bad_data('meta_list', meta='[1, 2]'), 'meta.json', 'expected a JSON object')
 
+
+def test_nan_weights_are_never_saved(tmp_path):
+    """A step with a finite loss but non-finite weights (lr=1e4: the update overflows) stops the run
+    before the next save, so ckpt_last.pt stays the last finite one; a diverged checkpoint is refused."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--lr=1e4',
+                 '--warmup_iters=0', '--train_steps=60', '--est_interval=20', '--save_interval=1')
+    assert_one_line_error(p, 'are not finite', 'at step 2; stopped without saving',
+                          f"the last checkpoint, {os.path.join(out, 'ckpt_last.pt')}, is from step 1")
+    steps = [r for r in read_log(out) if r['type'] == 'step']
+    assert steps[-1]['step'] == 2 and np.isfinite(steps[-1]['loss'])  # the loss alone saw nothing wrong
+    ckpt = load_ckpt(out)
+    assert ckpt['step'] == 1 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
+    # a diverged checkpoint (as the old guard wrote them) is refused, not sampled from
+    ckpt['model']['wte.weight'][3, 5] = float('nan')
+    del ckpt['checksum']
+    torch.save(ckpt, os.path.join(out, 'ckpt_last.pt'))
+    assert_one_line_error(run_here('sample.py', f'--out_dir={out}', '--checkpoint=last', '--device=cpu'),
+                          '1 of', 'weight tensors hold NaN or inf (e.g. wte.weight)')
+
+
+@pytest.fixture(scope='module')
+def tiny_ckpt(tmp_path_factory):
+    """A finished 4-step run: its directory (read only: copy before changing anything)."""
+    tmp = tmp_path_factory.mktemp('tiny_ckpt')
+    data = make_data(tmp)
+    out = str(tmp / 'out')
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=4',
+                 '--est_interval=2')
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_ckpt, monkeypatch):
+    import model
+    out = str(tmp_path / 'out')
+    path = os.path.join(out, 'ckpt_best.pt')
+
+    def sample(*args):
+        return run_here('sample.py', f'--out_dir={out}', '--device=cpu', '--max_new_tokens=2', *args)
+
+    # a flipped byte in the largest tensor's data: torch.load does not notice, the checksum does
+    shutil.copytree(tiny_ckpt, out)
+    raw = bytearray(open(path, 'rb').read())
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    name_len, extra_len = struct.unpack('<HH', raw[info.header_offset + 26:info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + 101] ^= 0x10
+    with open(path, 'wb') as f:
+        f.write(raw)
+    assert_one_line_error(sample(), path, 'is damaged', 'checksum')
+
+    # a config that claims a model far larger than the weights in the file: refused before any build
+    def build_guarded(cfg):
+        assert cfg.n_layer <= 2 and cfg.n_embed <= 32, f'built the claimed model ({cfg.n_layer} x {cfg.n_embed})'
+        return build(cfg)
+    build = model.build_model
+    monkeypatch.setattr(model, 'build_model', build_guarded)
+    ckpt = load_ckpt(tiny_ckpt, 'best')
+    del ckpt['checksum']  # a hand-made file: no checksum to fail
+    for change, words in [({'n_layer': 400, 'n_embed': 1024, 'n_head': 8}, 'its config (n_layer=400) means'),
+                          ({'n_embed': 32}, 'wte.weight is (1024, 16) in the file')]:
+        torch.save(dict(ckpt, config=dict(ckpt['config'], **change)), path)
+        assert_one_line_error(sample(), path, words)
+    monkeypatch.setattr(model, 'build_model', build)
+
+    # a resume from a checkpoint that lacks keys, and a prompt file that is not text
+    torch.save({k: v for k, v in ckpt.items() if k not in ('optimizer', 'rng')}, os.path.join(out, 'ckpt_last.pt'))
+    assert_one_line_error(run_here('train.py', f'--out_dir={out}', '--init_from=resume'),
+                          'ckpt_last.pt lacks optimizer, rng')
+    shutil.copy(os.path.join(tiny_ckpt, 'ckpt_best.pt'), path)
+    (tmp_path / 'prompt.bin').write_bytes(b'\x89PNG\r\n\x1a\n\x00\x00')
+    assert_one_line_error(sample(f'--start=FILE:{tmp_path}/prompt.bin'), 'prompt.bin is not UTF-8 text')
+
+
+def test_full_disk_during_save(tmp_path, monkeypatch):
+    import checkpoint
+    # the kernel's own "disk full" (/dev/full): one line, and no temporary file left to keep the disk full
+    path = str(tmp_path / 'ckpt.pt')
+    os.symlink('/dev/full', path + '.tmp')
+    with pytest.raises(checkpoint.CheckpointError, match=r'cannot write .*ckpt.pt: No space left on device'):
+        checkpoint.save({'x': torch.zeros(100000)}, path)
+    assert os.listdir(tmp_path) == []
+    # the same in a run: it stops with one line that says which checkpoint is still there
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    real = os.fsync
+    def fsync_full(fd):
+        if os.readlink(f'/proc/self/fd/{fd}').endswith('ckpt_last.pt.tmp') and steps_done() >= 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+    steps_done = lambda: sum(r['type'] == 'step' for r in read_log(out))
+    monkeypatch.setattr(os, 'fsync', fsync_full)
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=8',
+                 '--est_interval=2')
+    monkeypatch.setattr(os, 'fsync', real)
+    assert_one_line_error(p, f"cannot write {os.path.join(out, 'ckpt_last.pt')}: No space left on device; "
+                             f"stopped at step 4: the last checkpoint, {os.path.join(out, 'ckpt_last.pt')}, "
+                             f"is from step 2")
+    assert sorted(os.listdir(out)) == ['ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl', 'summary.json']
+    assert load_ckpt(out)['step'] == 2
+

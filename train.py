@@ -19,7 +19,6 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -29,7 +28,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import ConfigError, check_device, collect_defaults, die, first_line, load_config
+import checkpoint
+from checkpoint import CheckpointError
+from configurator import ConfigError, check_device, check_type, collect_defaults, die, first_line, load_config
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -86,13 +87,11 @@ if config['init_from'] == 'resume':
     if not os.path.isfile(ckpt_path):
         die(f"--init_from=resume: no checkpoint at {ckpt_path}")
     try:
-        ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=True)
-        saved = {k: v for k, v in ckpt['config'].items() if k in DEFAULTS}
-    except Exception as e:
-        die(f"cannot read {ckpt_path}: not a checkpoint written by train.py, or a damaged one ({type(e).__name__})")
-    try:
+        ckpt, _ = checkpoint.load(ckpt_path, ('model', 'optimizer', 'config', 'step', 'best_val_loss', 'rng'))
+        saved = {k: check_type(k, v, DEFAULTS[k], f"in {ckpt_path}")
+                 for k, v in ckpt['config'].items() if k in DEFAULTS}
         config = load_config(DEFAULTS, sys.argv[1:], base={**DEFAULTS, **saved})
-    except ConfigError as e:
+    except (CheckpointError, ConfigError) as e:
         die(e)
     for k in MODEL_KEYS:
         if config[k] != saved.get(k, DEFAULTS[k]):
@@ -258,19 +257,21 @@ def gpu_peak_flops():
 torch.manual_seed(seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
 model = build_model(model_config)
 if ckpt is not None:
-    try:
-        model.load_state_dict(ckpt['model'])
-    except RuntimeError as e:
-        die(f"checkpoint does not fit the model: {first_line(e)}")
+    model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
 model.to(device)
 raw_model = model  # the uncompiled, unwrapped module: attributes, state_dict, generate
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 start_step, best_val_loss, elapsed_before = 0, float('inf'), 0.0
+last_est, saved_step = {}, None  # the last estimate, ckpt_last.pt's step
 if ckpt is not None:
-    optimizer.load_state_dict(ckpt['optimizer'])
+    try:
+        optimizer.load_state_dict(ckpt['optimizer'])
+    except (ValueError, KeyError, TypeError) as e:
+        die(f"{ckpt_path}: its optimizer state does not fit the model ({first_line(e)})")
     if ckpt.get('scaler'):
         scaler.load_state_dict(ckpt['scaler'])
     start_step, best_val_loss, elapsed_before = ckpt['step'], ckpt['best_val_loss'], ckpt.get('elapsed', 0.0)
+    saved_step = start_step
 
 if compile:
     t0 = time.time()
@@ -325,7 +326,14 @@ def estimate_loss():
 
 
 def save_checkpoint(step, also_best):
-    # atomic: write a temporary file, fsync, rename; a kill -9 mid-write leaves the old file intact
+    global saved_step
+    # a step with a finite loss can still leave NaN/inf weights or Adam moments (an overflowing update):
+    # never save those, or they would replace the last good checkpoint
+    tensors = list(raw_model.state_dict().items())
+    tensors += [(f'{name} ({k})', v) for name, p in raw_model.named_parameters() for k, v in optimizer.state[p].items()]
+    bad = checkpoint.nonfinite(tensors)
+    if bad:
+        stop(f"{len(bad)} of {len(tensors)} weight and optimizer tensors are not finite (e.g. {bad[0]})", step)
     ckpt = {
         'model': raw_model.state_dict(),
         'optimizer': optimizer.state_dict(),
@@ -338,18 +346,19 @@ def save_checkpoint(step, also_best):
                 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
     }
     path = os.path.join(out_dir, 'ckpt_last.pt')
-    with open(path + '.tmp', 'wb') as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + '.tmp', path)
-    if also_best:
-        best = os.path.join(out_dir, 'ckpt_best.pt')
-        try:
-            os.link(path, best + '.tmp')  # no second write; 'last' is later replaced, never rewritten in place
-        except OSError:
-            shutil.copyfile(path, best + '.tmp')
-        os.replace(best + '.tmp', best)
+    try:
+        checkpoint.save(ckpt, path)  # atomic: a kill or a full disk mid-write leaves the old file intact
+        saved_step = step
+        if also_best:
+            checkpoint.link(path, os.path.join(out_dir, 'ckpt_best.pt'))
+    except CheckpointError as e:
+        die(f"{e}; stopped at step {step}: {last_saved()}")
+
+
+def last_saved():
+    if saved_step is None:
+        return "no checkpoint was saved yet"
+    return f"the last checkpoint, {os.path.join(out_dir, 'ckpt_last.pt')}, is from step {saved_step}"
 
 
 def write_summary(status, step, last_est):
@@ -362,24 +371,26 @@ def write_summary(status, step, last_est):
         'dtype': dtype, 'compiled': eval_model is not raw_model, 'torch': torch.__version__,
         'config': run_config,
     }
-    tmp = os.path.join(out_dir, 'summary.json.tmp')
-    with open(tmp, 'w') as f:
-        json.dump(summary, f, indent=2)
-    os.replace(tmp, os.path.join(out_dir, 'summary.json'))
+    try:
+        checkpoint.atomic_write(os.path.join(out_dir, 'summary.json'),
+                                lambda f: f.write(json.dumps(summary, indent=2).encode()))
+    except CheckpointError as e:
+        die(f"{e}; stopped at step {step}: {last_saved()}")
 
 
 def log_record(rec):
-    log_file.write(json.dumps(rec) + '\n')
-    log_file.flush()
+    try:
+        log_file.write((json.dumps(rec) + '\n').encode())  # unbuffered: one write() per record
+    except OSError as e:
+        die(f"cannot write {log_file.name}: {e.strerror}; stopped at step {rec['step']}: {last_saved()}")
 
 
 def stop(msg, step):
-    # a NaN/inf loss: nothing is saved, so ckpt_last.pt stays the last good one
+    # a NaN/inf loss or weights: nothing is saved, so ckpt_last.pt stays what it was (checked when saved)
     if master:
         log_record({'type': 'stop', 'step': step, 'reason': msg})
         write_summary('stopped: ' + msg, step, last_est)
-    die(f"{msg} at step {step}; stopped without saving (the last good checkpoint, if any, "
-        f"is {os.path.join(out_dir, 'ckpt_last.pt')})")
+    die(f"{msg} at step {step}; stopped without saving: {last_saved()}")
 
 
 run_config = dict(config)  # as given (device 'auto' stays 'auto'), so a resume on other hardware works
@@ -394,7 +405,7 @@ if master:
     os.makedirs(out_dir, exist_ok=True)
     # a fresh run starts a fresh log; a resumed one appends (records after a 'resume' record
     # supersede earlier ones with the same or later step)
-    log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a' if init_from == 'resume' else 'w')
+    log_file = open(os.path.join(out_dir, 'log.jsonl'), 'ab' if init_from == 'resume' else 'wb', buffering=0)
     log_record({'type': 'resume' if init_from == 'resume' else 'start', 'step': start_step,
                 'world_size': world_size, 'device': device, 'dtype': dtype, 'config': run_config})
     print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
@@ -414,7 +425,6 @@ if master:
 
 # training loop
 step = start_step
-last_est = {}
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
     if master and (step != start_step or init_from == 'scratch'):
