@@ -32,12 +32,12 @@ class ConfigError(Exception):
     pass
 
 
-def die(msg):
-    """Bad input or a failed run: one line on stderr, exit status 1, no traceback. Under torchrun every rank
-    exits, but only rank 0 prints: the errors are the same on all ranks."""
+def die(msg, status=1):
+    """Bad input or a failed run: one line on stderr, exit status 1 (or status), no traceback. Under torchrun
+    every rank exits, but only rank 0 prints: the errors are the same on all ranks."""
     if int(os.environ.get('RANK', 0)) == 0:
         print(f"error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    sys.exit(status)
 
 
 def first_line(e):

@@ -466,6 +466,105 @@ def test_full_disk_during_save(tmp_path, monkeypatch):
     assert_one_line_error(p, f"cannot write {os.path.join(out, 'ckpt_last.pt')}: No space left on device; "
                              f"stopped at step 4: the last checkpoint, {os.path.join(out, 'ckpt_last.pt')}, "
                              f"is from step 2")
-    assert sorted(os.listdir(out)) == ['ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl', 'summary.json']
+    assert sorted(os.listdir(out)) == ['.lock', 'ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl', 'summary.json']
     assert load_ckpt(out)['step'] == 2
+
+
+def tiny_run(tmp_path, *args):
+    data = make_data(tmp_path)
+    return run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={tmp_path}/out',
+                    '--est_interval=5', *args)
+
+
+def test_scratch_run_never_replaces_a_run(tmp_path):
+    out = str(tmp_path / 'out')
+    assert tiny_run(tmp_path, '--train_steps=5').returncode == 0
+    log = open(os.path.join(out, 'log.jsonl'), 'rb').read()
+    # the same command again, as after a crash: refused, and the run is untouched
+    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), f'{out} already holds a run', '--init_from=resume',
+                          '--overwrite=True')
+    assert open(os.path.join(out, 'log.jsonl'), 'rb').read() == log
+    os.remove(os.path.join(out, 'ckpt_last.pt'))  # killed before its first save: the log alone counts
+    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), 'already holds a run (log.jsonl)')
+    p = tiny_run(tmp_path, '--train_steps=2', '--overwrite=True')  # starting over on purpose
+    assert p.returncode == 0, p.stderr
+    assert read_log(out)[0]['type'] == 'start' and load_ckpt(out)['step'] == 2
+    assert json.load(open(os.path.join(out, 'summary.json')))['step'] == 2
+
+
+def test_resume_repairs_best_and_summary(tmp_path):
+    """Killed right after the final save, before ckpt_best.pt was linked and summary.json renamed: the
+    resumed run leaves the files the uninterrupted run would have."""
+    out = str(tmp_path / 'out')
+    assert tiny_run(tmp_path, '--train_steps=5').returncode == 0
+    best5, summary5 = load_ckpt(out, 'best'), json.load(open(os.path.join(out, 'summary.json')))
+    shutil.copy(os.path.join(out, 'ckpt_best.pt'), tmp_path / 'best5.pt')
+    p = tiny_run(tmp_path, '--train_steps=10', '--init_from=resume')
+    assert p.returncode == 0, p.stderr
+    summary = json.load(open(os.path.join(out, 'summary.json')))
+    assert best5['step'] == 5 and load_ckpt(out, 'best')['step'] == 10  # the final estimate is the best
+    # the state such a kill leaves: the new ckpt_last.pt, the old ckpt_best.pt, the old summary
+    os.remove(os.path.join(out, 'ckpt_best.pt'))  # a hard link to ckpt_last.pt: copying into it would change both
+    shutil.copy(tmp_path / 'best5.pt', os.path.join(out, 'ckpt_best.pt'))
+    json.dump(dict(summary5, status='running', train_steps=10), open(os.path.join(out, 'summary.json'), 'w'))
+    p = tiny_run(tmp_path, '--init_from=resume')
+    assert p.returncode == 0, p.stderr
+    assert load_ckpt(out, 'best')['step'] == 10
+    repaired = json.load(open(os.path.join(out, 'summary.json')))
+    for k in ('status', 'step', 'best_val_loss', 'final_train_loss', 'final_val_loss', 'tokens_seen'):
+        assert repaired[k] == summary[k], k
+    assert repaired['status'] == 'finished'
+
+
+def test_resume_drops_a_torn_log_line(tmp_path):
+    import report
+    out = str(tmp_path / 'out')
+    assert tiny_run(tmp_path, '--train_steps=5').returncode == 0
+    with open(os.path.join(out, 'log.jsonl'), 'a') as f:
+        f.write('{"type": "step", "step": 6, "loss": 7.1')  # killed mid-write
+    p = tiny_run(tmp_path, '--train_steps=10', '--init_from=resume')
+    assert p.returncode == 0, p.stderr
+    log = read_log(out)  # every line is JSON
+    assert [r['step'] for r in log if r['type'] == 'step'] == list(range(1, 11))
+    assert report.load_run(out)['curve'][-1][0] == 10
+    assert 'dropped its torn last line (39 bytes)' in p.stdout
+
+
+def test_one_run_per_out_dir_and_signals(tmp_path):
+    """A second run or a resume while a run lives is refused at once; Ctrl-C and SIGTERM stop a run with
+    one line that says the step and how to continue it."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    args = TINY + [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=100000',
+                   '--est_interval=5', '--log_interval=1000']
+
+    def start(*extra, steps):  # a run in the background, once it has taken `steps` steps
+        first = len(read_log(out)) if os.path.exists(os.path.join(out, 'log.jsonl')) else 0
+        proc = subprocess.Popen([PY, 'train.py', *args, *extra], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 90
+        while time.time() < deadline and proc.poll() is None:
+            if os.path.exists(os.path.join(out, 'log.jsonl')) and \
+                    sum(r['type'] == 'step' for r in read_log(out)[first:]) >= steps:
+                return proc
+            time.sleep(0.05)
+        raise AssertionError('the run ended before it could be stopped: ' + proc.stderr.read())
+
+    proc = start(steps=6)
+    try:  # (in this process: the lock is the kernel's, per open file, so it holds against this process too)
+        assert_one_line_error(run_here('train.py', *args, '--train_steps=10'),
+                              f'{out} is in use by another train.py (pid {proc.pid})')
+        assert_one_line_error(run_here('train.py', f'--out_dir={out}', '--init_from=resume'), 'is in use')
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    saved = load_ckpt(out)['step']
+    assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
+    assert re.fullmatch(rf"error: interrupted by SIGINT at step \d+; the last checkpoint, {re.escape(out)}/ckpt_last.pt, "
+                        rf"is from step {saved}: continue with --init_from=resume --out_dir={re.escape(out)}\n", err)
+    proc = start('--init_from=resume', steps=1)  # the lock went with the process
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143 and err.startswith('error: interrupted by SIGTERM at step '), err
+    assert len(err.strip().splitlines()) == 1 and not [f for f in os.listdir(out) if f.endswith('.tmp')]
 

@@ -15,10 +15,12 @@ $ torchrun --standalone --nproc_per_node=2 train.py config/cpu_aed_mse_possub.py
 Any key below can be set by a config file (plain Python) and/or --key=value.
 """
 import dataclasses
+import fcntl
 import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -38,6 +40,7 @@ from model import ModelConfig, build_model
 # I/O
 out_dir = 'out'
 init_from = 'scratch'  # 'scratch' or 'resume' (continue from out_dir/ckpt_last.pt)
+overwrite = False      # True: a scratch run may replace the run already in out_dir (else it is refused)
 est_interval = 500     # estimate train/val loss every this many steps, and at the end
 est_steps = 200        # batches per split in each estimate
 log_interval = 1       # print a line every this many steps (log.jsonl gets every step)
@@ -139,11 +142,63 @@ if device == 'auto':
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
 if device_type == 'cuda' and not torch.cuda.is_available():
     die("device cuda asked for, but torch sees no CUDA GPU (use --device=cpu)")
+if ddp and gradient_accumulation_steps % world_size:
+    die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the "
+        f"number of processes ({world_size}); e.g. divide batch_size and multiply gradient_accumulation_steps "
+        f"by the same factor")
+
+
+def interrupted(signum, frame):
+    # Ctrl-C or SIGTERM: stop now, without saving (a save under way finishes first). Every file is written
+    # atomically, so this is as safe as a kill -9 at any moment; a save here could not be (the signal may land
+    # in the middle of an optimizer step)
+    name = signal.Signals(signum).name
+    if 'step' not in globals():  # the training loop has not started
+        die(f"interrupted by {name} before the first step", 128 + signum)
+    hint = f": continue with --init_from=resume --out_dir={out_dir}" if saved_step is not None else ""
+    die(f"interrupted by {name} at step {step}; {last_saved()}{hint}", 128 + signum)
+
+
+signal.signal(signal.SIGINT, interrupted)
+signal.signal(signal.SIGTERM, interrupted)
+
+# out_dir (rank 0's): one run at a time, and a scratch run never replaces a run by accident
+if master:
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock_file = open(os.path.join(out_dir, '.lock'), 'a+')
+    except OSError as e:
+        die(f"cannot write in out_dir {out_dir}: {e.strerror}")
+    try:
+        # held for the life of the process; the kernel releases it however the process ends (kill -9 too)
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.seek(0)
+        die(f"{out_dir} is in use by another train.py (pid {lock_file.read().strip() or '?'}): "
+            f"one run per out_dir at a time")
+    lock_file.truncate(0)
+    lock_file.write(f"{os.getpid()}\n")
+    lock_file.flush()
+    held = [f for f in ('ckpt_last.pt', 'log.jsonl') if os.path.exists(os.path.join(out_dir, f))]
+    if init_from == 'scratch' and held and not overwrite:
+        die(f"{out_dir} already holds a run ({' and '.join(held)}): continue it with --init_from=resume, "
+            f"or start over and replace it with --overwrite=True")
+    stale = ['ckpt_last.pt.tmp', 'ckpt_best.pt.tmp', 'summary.json.tmp']  # a killed run's (we hold the lock)
+    if init_from == 'scratch':  # --overwrite=True: the old run goes now, so a kill before the first save mixes nothing
+        stale += ['ckpt_last.pt', 'ckpt_best.pt', 'summary.json', 'log.jsonl']
+    for f in stale:
+        if os.path.exists(os.path.join(out_dir, f)):
+            os.remove(os.path.join(out_dir, f))
+    if init_from == 'resume' and os.path.isfile(os.path.join(out_dir, 'log.jsonl')):
+        # a kill (or a full disk) mid-write can leave a torn last line: cut it, or the resumed run's
+        # first record would be glued to it
+        with open(os.path.join(out_dir, 'log.jsonl'), 'rb+') as f:
+            torn = len(f.read().rpartition(b'\n')[2])
+            if torn:
+                f.truncate(f.tell() - torn)
+                print(f"log.jsonl: dropped its torn last line ({torn} bytes)", flush=True)
+
 if ddp:
-    if gradient_accumulation_steps % world_size:
-        die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the "
-            f"number of processes ({world_size}); e.g. divide batch_size and multiply gradient_accumulation_steps "
-            f"by the same factor")
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
@@ -262,7 +317,7 @@ model.to(device)
 raw_model = model  # the uncompiled, unwrapped module: attributes, state_dict, generate
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 start_step, best_val_loss, elapsed_before = 0, float('inf'), 0.0
-last_est, saved_step = {}, None  # the last estimate, ckpt_last.pt's step
+best_step, last_est, saved_step = None, {}, None  # the best estimate's step, the last estimate, ckpt_last.pt's step
 if ckpt is not None:
     try:
         optimizer.load_state_dict(ckpt['optimizer'])
@@ -271,7 +326,7 @@ if ckpt is not None:
     if ckpt.get('scaler'):
         scaler.load_state_dict(ckpt['scaler'])
     start_step, best_val_loss, elapsed_before = ckpt['step'], ckpt['best_val_loss'], ckpt.get('elapsed', 0.0)
-    saved_step = start_step
+    best_step, last_est, saved_step = ckpt.get('best_step'), ckpt.get('last_est', {}), start_step
 
 if compile:
     t0 = time.time()
@@ -341,11 +396,16 @@ def save_checkpoint(step, also_best):
         'config': run_config,
         'step': step,
         'best_val_loss': best_val_loss,
+        'best_step': best_step,  # with last_est: what a resume at this step needs to repair ckpt_best.pt and summary.json
+        'last_est': last_est,
         'elapsed': elapsed(),
         'rng': {'torch': torch.get_rng_state(),
                 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
     }
     path = os.path.join(out_dir, 'ckpt_last.pt')
+    # Ctrl-C and SIGTERM wait for the save (a second or so) and its bookkeeping: their message then names
+    # the step that is really in ckpt_last.pt
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         checkpoint.save(ckpt, path)  # atomic: a kill or a full disk mid-write leaves the old file intact
         saved_step = step
@@ -353,6 +413,8 @@ def save_checkpoint(step, also_best):
             checkpoint.link(path, os.path.join(out_dir, 'ckpt_best.pt'))
     except CheckpointError as e:
         die(f"{e}; stopped at step {step}: {last_saved()}")
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def last_saved():
@@ -402,7 +464,6 @@ def elapsed():
 peak_flops, peak_note = gpu_peak_flops()
 flops_per_step = raw_model.flops_per_token() * tokens_per_step
 if master:
-    os.makedirs(out_dir, exist_ok=True)
     # a fresh run starts a fresh log; a resumed one appends (records after a 'resume' record
     # supersede earlier ones with the same or later step)
     log_file = open(os.path.join(out_dir, 'log.jsonl'), 'ab' if init_from == 'resume' else 'wb', buffering=0)
@@ -415,6 +476,14 @@ if master:
     if init_from == 'resume':
         print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
               f"(best val loss {best_val_loss:.4f})", flush=True)
+        # a kill right after the save at start_step left what follows it undone: redo it, so that a resumed
+        # run leaves the files an uninterrupted one would (ckpt_best.pt, then summary.json)
+        if best_step == start_step:
+            try:
+                checkpoint.link(os.path.join(out_dir, 'ckpt_last.pt'), os.path.join(out_dir, 'ckpt_best.pt'))
+            except CheckpointError as e:
+                die(e)
+        write_summary('finished' if start_step >= train_steps else 'running', start_step, last_est)
     if wandb_log:
         try:
             import wandb
@@ -435,6 +504,7 @@ while True:
                 stop(f"loss estimate is not finite ({last_est})", step)
             improved = last_est['val'] < best_val_loss
             best_val_loss = min(best_val_loss, last_est['val'])
+            best_step = step if improved else best_step
             print(f"step {step}: train loss {last_est['train']:.4f}, val loss {last_est['val']:.4f}"
                   f"{' (best)' if improved else ''} [{time.time() - t0:.1f} s]", flush=True)
             log_record({'type': 'est', 'step': step, 'train': last_est['train'], 'val': last_est['val'],
