@@ -346,7 +346,7 @@ def test_bad_values_and_data_are_one_line(tmp_path):
                        ('--min_lr=-1', 'min_lr must be >= 0'), ('--weight_decay=-1', 'weight_decay must be >= 0'),
                        ('--grad_clip=-1', 'grad_clip must be >= 0'), ('--beta1=1.5', 'beta1 must be in [0, 1)'),
                        ('--beta2=1', 'beta2 must be in [0, 1)'), ('--device=banana', "got 'banana'"),
-                       ('--out_dir=', 'out_dir must not be empty')]:
+                       ('--out_dir=', 'out_dir must not be empty'), ('--ddp_timeout=0', 'ddp_timeout must be > 0')]:
         assert_one_line_error(run_here('train.py', *nodata, arg), words)
     assert_one_line_error(run_here('sample.py', '--device=banana'), "got 'banana'")
 
@@ -568,3 +568,73 @@ def test_one_run_per_out_dir_and_signals(tmp_path):
     assert proc.returncode == 143 and err.startswith('error: interrupted by SIGTERM at step '), err
     assert len(err.strip().splitlines()) == 1 and not [f for f in os.listdir(out) if f.endswith('.tmp')]
 
+
+def test_ddp_timeout(tmp_path):
+    """A rank that never shows up (or hangs) stops the others after ddp_timeout, not torch's 30 minutes."""
+    data = make_data(tmp_path)
+    # rank 0 of 2 without its partner: the rendezvous waits for it as long as any collective would
+    env = dict(ENV, RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()))
+    p = subprocess.run([PY, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={tmp_path}/out',
+                        '--ddp_timeout=2'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert_one_line_error(p, 'DDP start-up failed on rank 0', 'Timed out after')
+    assert int(re.search(r'Timed out after (\d+) seconds', p.stderr)[1]) < 10  # ddp_timeout=2 (+ rounding)
+
+
+def test_orphaned_ddp_workers_stop(tmp_path):
+    """After a kill -9 of torchrun its workers stop too, instead of training on alone."""
+    data = make_data(tmp_path)
+    args = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=100000', '--est_interval=50',
+                   '--log_interval=1000']
+    out = str(tmp_path / 'ddp')
+    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                 'train.py', *args, f'--out_dir={out}'], cwd=ROOT, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
+                                              and any(r['type'] == 'step' for r in read_log(out))):
+            assert torchrun.poll() is None, 'torchrun ended early'
+            time.sleep(0.1)
+        workers = children(torchrun.pid)
+        assert len(workers) == 2
+        torchrun.kill()
+        torchrun.wait()
+        deadline = time.time() + 30
+        while time.time() < deadline and any(alive(pid) for pid in workers):
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in workers), 'the workers outlived torchrun'
+    finally:
+        for pid in [torchrun.pid] + workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        torchrun.wait()
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def children(pid):
+    # the processes whose parent is pid (Linux /proc)
+    kids = []
+    for d in os.listdir('/proc'):
+        if d.isdigit():
+            try:
+                stat = open(f'/proc/{d}/stat').read()
+            except OSError:
+                continue
+            if int(stat.rsplit(')', 1)[1].split()[1]) == pid:
+                kids.append(int(d))
+    return kids
+
+
+def alive(pid):
+    # running, not a zombie waiting to be reaped
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False

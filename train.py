@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -69,6 +70,7 @@ device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'c
 dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere), or name one
 compile = True         # torch.compile the model (the CPU presets turn it off: slower there, see README)
 seed = 1337
+ddp_timeout = 600      # seconds a DDP rank waits in a collective (NCCL or gloo) before the run stops with an error
 # model: every ModelConfig field of model.py is also a key, with ModelConfig's default
 # (arch, vocab_size, context_size, n_embed, n_layer, n_head, dropout_rate, use_bias, the AED keys ...)
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -119,8 +121,9 @@ for k in ('batch_size', 'gradient_accumulation_steps', 'est_interval', 'est_step
 for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters', 'min_lr', 'weight_decay', 'grad_clip'):
     if config[k] < 0:  # a negative min_lr is gradient ascent, a negative weight decay pushes weights up
         die(f"{k} must be >= 0, got {config[k]}")
-if lr <= 0:
-    die(f"lr must be > 0, got {lr}")
+for k in ('lr', 'ddp_timeout'):
+    if config[k] <= 0:
+        die(f"{k} must be > 0, got {config[k]}")
 for k in ('beta1', 'beta2'):
     if not 0 <= config[k] < 1:
         die(f"{k} must be in [0, 1), got {config[k]}")
@@ -199,10 +202,23 @@ if master:
                 print(f"log.jsonl: dropped its torn last line ({torn} bytes)", flush=True)
 
 if ddp:
+    if sys.platform == 'linux':
+        # torchrun starts each worker in a session of its own, so after a kill -9 of torchrun the workers
+        # would train on alone: have the kernel SIGKILL this one when its parent dies. SIGKILL, not SIGTERM:
+        # a rank blocked in a collective runs no signal handler. (Saves are atomic: a kill is safe anytime.)
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+    # a rank that hangs (or never shows up) makes the others fail after ddp_timeout (gloo's own default: 30
+    # min, silent); it must outlast rank 0's estimate + save (+ compile), which the other ranks wait for
+    try:
+        dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
+                                timeout=timedelta(seconds=ddp_timeout))
+    except dist.DistError as e:  # e.g. a rank that never showed up
+        die(f"DDP start-up failed on rank {rank}: {first_line(e)}")
 micro_steps = gradient_accumulation_steps // world_size  # per rank
 tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all ranks together
 
