@@ -1,6 +1,7 @@
 """
-Tests of configurator.py, train.py and sample.py. The scripts run as users run them (subprocesses)
-on tiny models and tiny generated data, so the whole file takes well under two minutes on 2 cores.
+Tests of configurator.py, train.py, sample.py and checkpoint.py. The scripts run as users run them
+(subprocesses; cases that need no process of their own run in this process through run_here) on tiny
+models and tiny generated data.
 """
 import contextlib
 import errno
