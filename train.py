@@ -162,8 +162,11 @@ def interrupted(signum, frame):
     die(f"interrupted by {name} at step {step}; {last_saved()}{hint}", 128 + signum)
 
 
-signal.signal(signal.SIGINT, interrupted)
-signal.signal(signal.SIGTERM, interrupted)
+if ddp:  # torchrun's SIGINT/SIGTERM kill its workers at once (a rank inside a collective would run no handler)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+else:
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
 
 # out_dir (rank 0's): one run at a time, and a scratch run never replaces a run by accident
 if master:
