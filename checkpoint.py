@@ -57,7 +57,8 @@ def nonfinite(named_tensors):
     named = [(k, t) for k, t in named_tensors if t.is_floating_point()]
     if not named:
         return []
-    ok = torch.stack([torch.isfinite(t).all() for _, t in named]).tolist()
+    flags = [torch.isfinite(t).all() for _, t in named]
+    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist()  # Adam's step counts may sit on the CPU
     return [k for (k, _), good in zip(named, ok) if not good]
 
 
