@@ -40,12 +40,12 @@ class ConfigError(Exception):
     pass
 
 
-def die(msg):
-    """Bad input or a failed run: one line on stderr, exit status 1, no traceback. Under torchrun every rank
-    exits, but only rank 0 prints: the errors are the same on all ranks."""
+def die(msg, status=1):
+    """Bad input or a failed run: one line on stderr, exit status 1 (or status), no traceback. Under torchrun
+    every rank exits, but only rank 0 prints: the errors are the same on all ranks."""
     if int(os.environ.get('RANK', 0)) == 0:
         print(f"error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    sys.exit(status)
 
 
 def first_line(e):
@@ -203,6 +203,10 @@ def help_text(defaults, sources):
         line = f"  {key} = {value!r}"
         lines.append(f"{line:36s}  # {comments[key]}" if key in comments else line)
     return "\n".join(lines)
+def check_device(device):
+    """The device names train.py and sample.py take: raise ConfigError for anything else."""
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
+        raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
 
 
 def collect_defaults(namespace):

@@ -245,19 +245,20 @@ def prepare(input=None, name=None, out_dir=DATA_DIR, eot=True, val_fraction=0.1,
 
     out = os.path.join(out_dir, name)
     final = {k: os.path.join(out, k) for k in ("train.bin", "val.bin", "meta.json")}
+    remove_stale_tmp(out)
     if not force and up_to_date(final, fp):
         log(f"{out} is up to date (same input and options); --force redoes it")
         with open(final["meta.json"]) as f:
             return json.load(f)
 
     os.makedirs(out, exist_ok=True)
-    tmp = {k: v + ".tmp" for k, v in final.items()}  # never taken for finished bins
+    tmp = {k: f"{v}.{os.getpid()}.tmp" for k, v in final.items()}  # never taken for finished bins
     t0 = time.time()
     try:
         if input is None:
             path = wikipedia_text()
         elif is_url:
-            path = os.path.join(out, "download.tmp")
+            path = os.path.join(out, f"download.{os.getpid()}.tmp")
             tmp["download"] = path
             download(input, path, log)
         else:
@@ -301,6 +302,28 @@ def prepare(input=None, name=None, out_dir=DATA_DIR, eot=True, val_fraction=0.1,
             os.rmdir(out)  # a failed first run leaves nothing behind
     log(f"{out}: train {counts[0]:,} tokens, val {counts[1]:,} tokens in {dt:.1f} s ({mb_s:.1f} MB/s)")
     return meta
+
+
+def remove_stale_tmp(out):
+    """Remove the temporary files (NAME.PID.tmp) of runs that were killed (kill -9, power loss) and so never
+    cleaned up: a killed --force run over finished bins would leave a train.bin-sized file there forever.
+    A live run's files are left alone. NAME.tmp, without a pid, is from a prepare.py before pids."""
+    if not os.path.isdir(out):
+        return
+    for f in os.listdir(out):
+        m = re.fullmatch(r"(?:train\.bin|val\.bin|meta\.json|download)(?:\.(\d+))?\.tmp", f)
+        if m and not (m[1] and pid_alive(int(m[1]))):
+            os.remove(os.path.join(out, f))
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def up_to_date(final, fp):

@@ -81,8 +81,13 @@ def read_log(path):
             rec = json.loads(line)
         except json.JSONDecodeError:
             if n == len(lines):
-                break  # a run killed mid-write can leave a half line at the end; anywhere else it is damage
-            raise ValueError(f"line {n} is not JSON")
+                break  # a run killed mid-write can leave a half line at the end
+            # a train.py from before resumes cut that half line appended the resumed run's first record
+            # to it: keep that record. Anything else is damage
+            try:
+                rec = json.loads(line[line.index('{"type": ', 1):])
+            except ValueError:  # no record in it, or not JSON either
+                raise ValueError(f"line {n} is not JSON") from None
         if rec.get('type') == 'resume':
             records = [r for r in records if r['type'] in ('start', 'resume') or r['step'] <= rec['step']]
         records.append(rec)

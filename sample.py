@@ -3,15 +3,15 @@ Sample from a model trained by train.py (AED or GPT baseline; the checkpoint say
 $ python sample.py --out_dir=out-cpu-aed --start="The history of" --num_samples=3
 $ python sample.py --out_dir=out-cpu-baseline --start=FILE:prompt.txt --kv_cache=False
 """
-import dataclasses
 import os
 import sys
 from contextlib import nullcontext
 
 import torch
 
-from configurator import ConfigError, collect_defaults, die, first_line, load_config
-from model import ModelConfig, build_model
+from checkpoint import CheckpointError, load as load_checkpoint
+from configurator import ConfigError, check_device, collect_defaults, die, load_config
+from model import build_model
 from tokenizer import get_encoding
 
 # -----------------------------------------------------------------------------
@@ -33,6 +33,7 @@ DEFAULTS = collect_defaults(globals())
 
 try:
     globals().update(load_config(DEFAULTS, sys.argv[1:]))
+    check_device(device)
 except ConfigError as e:
     die(e)
 if checkpoint not in ('best', 'last'):
@@ -62,19 +63,11 @@ ckpt_path = os.path.join(out_dir, f'ckpt_{checkpoint}.pt')
 if not os.path.isfile(ckpt_path):
     die(f"no checkpoint at {ckpt_path} (train one first, e.g. python train.py config/cpu_aed_mse_possub.py)")
 try:
-    ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=True)
-except Exception as e:
-    die(f"cannot read {ckpt_path}: not a checkpoint written by train.py, or a damaged one ({type(e).__name__})")
-if not isinstance(ckpt, dict) or not isinstance(ckpt.get('config'), dict) or 'model' not in ckpt:
-    die(f"{ckpt_path} is not a checkpoint written by train.py")
-# a key the checkpoint lacks was added to model.py after it was written: its default is the model as it was then
-# (as train.py's resume does); a checkpoint that does not fit fails in load_state_dict below
-try:
-    model_config = ModelConfig(**{f.name: ckpt['config'].get(f.name, f.default) for f in dataclasses.fields(ModelConfig)})
-    model = build_model(model_config)
-    model.load_state_dict(ckpt['model'])
-except (ValueError, TypeError, RuntimeError) as e:
-    die(f"{ckpt_path} is incompatible with this model.py: {first_line(e)}")
+    ckpt, model_config = load_checkpoint(ckpt_path)  # checksum, config vs weights, finite weights
+except CheckpointError as e:
+    die(e)
+model = build_model(model_config)
+model.load_state_dict(ckpt['model'])
 model.eval()
 model.to(device)
 if compile:
@@ -88,6 +81,8 @@ if start.startswith('FILE:'):
             start = f.read()
     except OSError as e:
         die(f"cannot read prompt file {path}: {e.strerror}")
+    except UnicodeDecodeError as e:
+        die(f"prompt file {path} is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r})")
 enc = get_encoding()
 start_ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]  # empty prompt: start at <|endoftext|>
 if max(start_ids) >= model_config.vocab_size:

@@ -246,7 +246,7 @@ def test_interrupted_write_leaves_no_bins(tmp_path, monkeypatch, enc, exc):
     old = bins(tmp_path / "old", "t")
     monkeypatch.setattr(prepare, "CHUNK", 2000)  # several batches
     for out in (tmp_path / "new", tmp_path / "old"):  # no outputs yet / a redo over finished outputs
-        failing = FailingEncoding(enc, out / "t" / "train.bin.tmp", exc)
+        failing = FailingEncoding(enc, out / "t" / f"train.bin.{os.getpid()}.tmp", exc)
         monkeypatch.setattr(prepare, "get_encoding", lambda: failing)
         with pytest.raises(type(exc)):
             run(path, out, eot=False, force=True)
@@ -271,6 +271,20 @@ def test_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, monkeypatch)
     monkeypatch.setattr(os, "replace", real)
     # the old train.bin and meta.json are gone, so the new val.bin is never paired with them
     assert sorted(os.listdir(tmp_path / "t")) == ["val.bin"]
+
+
+def test_stale_temporary_files_of_a_killed_run_are_removed(tmp_path):
+    # a --force run killed with kill -9 leaves its NAME.PID.tmp behind (the finished bins are still there, so
+    # the next run finds them up to date): that run removes it; a live run's files are left alone
+    path = write(tmp_path / "s.txt", "\n".join(make_docs(100, seed=8)))
+    run(path, tmp_path)
+    d = tmp_path / "t"
+    dead = 1 << 22  # above Linux's largest pid: no such process
+    stale = [f"train.bin.{dead}.tmp", f"val.bin.{dead}.tmp", f"meta.json.{dead}.tmp", "train.bin.tmp"]
+    for name in stale + [f"train.bin.{os.getpid()}.tmp"]:
+        (d / name).write_bytes(b"\0" * 1000)
+    run(path, tmp_path)  # up to date: nothing encoded, only the clean-up
+    assert sorted(os.listdir(d)) == ["meta.json", "train.bin", f"train.bin.{os.getpid()}.tmp", "val.bin"]
 
 
 def test_up_to_date_and_force(tmp_path, monkeypatch):

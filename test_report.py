@@ -111,6 +111,22 @@ def test_table_chart_resume_and_seeds(tmp_path):
     assert not os.path.exists(str(svg) + '.tmp')
 
 
+def test_torn_line_glued_to_a_resume_record(tmp_path):
+    # a run killed mid-write, then resumed by a train.py that appended its 'resume' record to the torn line
+    # (train.py now cuts the torn line first): report.py keeps the glued record and drops the torn part
+    cfg = {'arch': 'gpt', 'n_embed': 64, 'seed': 1337}
+    recs = [json.dumps(r) for r in fake_records(cfg, [(0, 10.8, 10.8), (10, 6.2, 6.4)], None, steps=range(1, 13))]
+    resumed = fake_records(cfg, [(20, 5.0, 5.9)], None, first_step=10, kind='resume')
+    recs.append('{"type": "step", "step": 13, "lo' + json.dumps(resumed[0]))
+    recs += [json.dumps(r) for r in resumed[1:]]
+    d = write_run(tmp_path, 'glued', [])
+    with open(os.path.join(d, 'log.jsonl'), 'w') as f:
+        f.write('\n'.join(recs) + '\n')
+    p = run_report(d)
+    assert p.returncode == 0, p.stderr
+    assert table_rows(p.stdout)['glued (no summary.json)'][1:3] == ['5.000', '5.900']
+
+
 def test_bad_input(tmp_path):
     def one_line_error(p, *words):
         assert p.returncode != 0

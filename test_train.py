@@ -1,15 +1,24 @@
 """
-Tests of configurator.py, train.py and sample.py. The scripts run as users run them (subprocesses)
-on tiny models and tiny generated data, so the whole file takes well under two minutes on 2 cores.
+Tests of configurator.py, train.py, sample.py and checkpoint.py. The scripts run as users run them
+(subprocesses; cases that need no process of their own run in this process through run_here) on tiny
+models and tiny generated data.
 """
+import contextlib
+import errno
+import gc
+import io
 import json
 import math
 import os
 import re
+import runpy
+import shutil
 import signal
+import struct
 import subprocess
 import sys
 import time
+import zipfile
 
 import numpy as np
 import pytest
@@ -277,6 +286,25 @@ def make_data(root, n_train=6000, n_val=1500):
         seq = np.tile(sentence, n // 61 + 1)[:n].astype(np.uint16)
         seq.tofile(os.path.join(d, f'{split}.bin'))
     return str(root)
+
+
+def run_here(script, *args):
+    """Run a script in this process, as `python script args` would (exit status, stdout, stderr), for the
+    cases that need no process of their own (no signals, no second run alive): no torch import each time."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    out, err, argv, status = io.StringIO(), io.StringIO(), sys.argv, 0
+    sys.argv = [script, *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), torch.random.fork_rng():
+            runpy.run_path(os.path.join(ROOT, script), run_name='__main__')
+    except SystemExit as e:
+        status = e.code
+    finally:
+        sys.argv = argv
+        for sig, h in handlers.items():
+            signal.signal(sig, h)
+        gc.collect()  # closes the run's files, and so releases its lock on out_dir
+    return subprocess.CompletedProcess([script, *args], status, out.getvalue(), err.getvalue())
 
 
 def read_log(out_dir):
@@ -572,11 +600,310 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
     assert p.returncode == 0, p.stderr
     summary = json.load(open(os.path.join(out, 'summary.json')))
     assert summary['step'] == 12 and summary['train_tokens'] == 3000
-    # the same run on the whole file does read the poisoned tail (so the check above can fail)
+    # the same run on the whole file is refused: the start-up id check sees the poisoned tail (so it is there)
     p = run('train.py', *common[:-3], f'--out_dir={tmp_path / "all"}', '--train_steps=10', '--est_interval=100')
-    assert p.returncode != 0
+    assert_one_line_error(p, 'holds token id 1031, but vocab_size is 1024')
     # a limit the file cannot meet, or too small for one sequence: one line each
     p = run('train.py', *common, '--train_tokens=6001', '--train_steps=1')
     assert_one_line_error(p, 'train_tokens (6,001) is more than', 'train.bin holds (6,000)')
     p = run('train.py', *common, '--train_tokens=17', '--train_steps=1')
     assert_one_line_error(p, 'train_tokens (17) is too small for one batch')
+# ----------------------------------------------------------------------------- reliability (issue 12)
+def test_bad_values_and_data_are_one_line(tmp_path):
+    nodata = [*TINY, f'--data_dir={tmp_path}', '--dataset=none', f'--out_dir={tmp_path}/out']
+    for arg, words in [('--lr=-1', 'lr must be > 0, got -1.0'), ('--lr=0', 'lr must be > 0'),
+                       ('--min_lr=-1', 'min_lr must be >= 0'), ('--weight_decay=-1', 'weight_decay must be >= 0'),
+                       ('--grad_clip=-1', 'grad_clip must be >= 0'), ('--beta1=1.5', 'beta1 must be in [0, 1)'),
+                       ('--beta2=1', 'beta2 must be in [0, 1)'), ('--device=banana', "got 'banana'"),
+                       ('--out_dir=', 'out_dir must not be empty'), ('--ddp_timeout=0', 'ddp_timeout must be > 0')]:
+        assert_one_line_error(run_here('train.py', *nodata, arg), words)
+    assert_one_line_error(run_here('sample.py', '--device=banana'), "got 'banana'")
+
+    def bad_data(name, train=None, meta=None):
+        d = make_data(tmp_path / name)
+        if train is not None:
+            (tmp_path / name / 'tiny' / 'train.bin').write_bytes(train)
+        if meta is not None:
+            (tmp_path / name / 'tiny' / 'meta.json').write_text(meta)
+        return run_here('train.py', *TINY, f'--data_dir={d}', '--dataset=tiny', f'--out_dir={tmp_path}/{name}/out')
+    train_bin = os.path.join(str(tmp_path), 'empty', 'tiny', 'train.bin')
+    assert_one_line_error(bad_data('empty', train=b''), train_bin, 'has 0 tokens')
+    assert_one_line_error(bad_data('odd', train=b'\x01' * 1001), 'odd number of bytes (1001)')
+    ids = np.full(500, 7, dtype=np.uint16)
+    ids[321] = 2000  # >= TINY's vocab_size 1024
+    assert_one_line_error(bad_data('big_id', train=ids.tobytes()), 'holds token id 2000, but vocab_size is 1024')
+    assert_one_line_error(bad_data('meta', meta='{"vocab_size": 50257,'), 'cannot read', 'meta.json')
+    assert_one_line_error(bad_data('meta_list', meta='[1, 2]'), 'meta.json', 'expected a JSON object')
+
+
+def test_nan_weights_are_never_saved(tmp_path):
+    """A step with a finite loss but non-finite weights (lr=1e4: the update overflows) stops the run
+    before the next save, so ckpt_last.pt stays the last finite one; a diverged checkpoint is refused."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--lr=1e4',
+                 '--warmup_iters=0', '--train_steps=60', '--est_interval=20', '--save_interval=1')
+    assert_one_line_error(p, 'are not finite', 'at step 2; stopped without saving',
+                          f"the last checkpoint, {os.path.join(out, 'ckpt_last.pt')}, is from step 1")
+    steps = [r for r in read_log(out) if r['type'] == 'step']
+    assert steps[-1]['step'] == 2 and np.isfinite(steps[-1]['loss'])  # the loss alone saw nothing wrong
+    ckpt = load_ckpt(out)
+    assert ckpt['step'] == 1 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
+    # a diverged checkpoint (as the old guard wrote them) is refused, not sampled from
+    ckpt['model']['wte.weight'][3, 5] = float('nan')
+    del ckpt['checksum']
+    torch.save(ckpt, os.path.join(out, 'ckpt_last.pt'))
+    assert_one_line_error(run_here('sample.py', f'--out_dir={out}', '--checkpoint=last', '--device=cpu'),
+                          '1 of', 'weight tensors hold NaN or inf (e.g. wte.weight)')
+
+
+@pytest.fixture(scope='module')
+def tiny_ckpt(tmp_path_factory):
+    """A finished 4-step run: its directory (read only: copy before changing anything)."""
+    tmp = tmp_path_factory.mktemp('tiny_ckpt')
+    data = make_data(tmp)
+    out = str(tmp / 'out')
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=4',
+                 '--est_interval=2')
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_ckpt, monkeypatch):
+    import model
+    out = str(tmp_path / 'out')
+    path = os.path.join(out, 'ckpt_best.pt')
+
+    def sample(*args):
+        return run_here('sample.py', f'--out_dir={out}', '--device=cpu', '--max_new_tokens=2', *args)
+
+    # a flipped byte in the largest tensor's data: torch.load does not notice, the checksum does
+    shutil.copytree(tiny_ckpt, out)
+    raw = bytearray(open(path, 'rb').read())
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    name_len, extra_len = struct.unpack('<HH', raw[info.header_offset + 26:info.header_offset + 30])
+    raw[info.header_offset + 30 + name_len + extra_len + 101] ^= 0x10
+    with open(path, 'wb') as f:
+        f.write(raw)
+    assert_one_line_error(sample(), path, 'is damaged', 'checksum')
+
+    # a config that claims a model far larger than the weights in the file: refused before any build
+    def build_guarded(cfg):
+        assert cfg.n_layer <= 2 and cfg.n_embed <= 32, f'built the claimed model ({cfg.n_layer} x {cfg.n_embed})'
+        return build(cfg)
+    build = model.build_model
+    monkeypatch.setattr(model, 'build_model', build_guarded)
+    ckpt = load_ckpt(tiny_ckpt, 'best')
+    del ckpt['checksum']  # a hand-made file: no checksum to fail
+    for change, words in [({'n_layer': 400, 'n_embed': 1024, 'n_head': 8}, 'its config (n_layer=400) means'),
+                          ({'n_embed': 32}, 'wte.weight is (1024, 16) in the file')]:
+        torch.save(dict(ckpt, config=dict(ckpt['config'], **change)), path)
+        assert_one_line_error(sample(), path, words)
+    monkeypatch.setattr(model, 'build_model', build)
+
+    # a resume from a checkpoint that lacks keys, and a prompt file that is not text
+    torch.save({k: v for k, v in ckpt.items() if k not in ('optimizer', 'rng')}, os.path.join(out, 'ckpt_last.pt'))
+    assert_one_line_error(run_here('train.py', f'--out_dir={out}', '--init_from=resume'),
+                          'ckpt_last.pt lacks optimizer, rng')
+    shutil.copy(os.path.join(tiny_ckpt, 'ckpt_best.pt'), path)
+    (tmp_path / 'prompt.bin').write_bytes(b'\x89PNG\r\n\x1a\n\x00\x00')
+    assert_one_line_error(sample(f'--start=FILE:{tmp_path}/prompt.bin'), 'prompt.bin is not UTF-8 text')
+
+
+def test_full_disk_during_save(tmp_path, monkeypatch):
+    import checkpoint
+    # the kernel's own "disk full" (/dev/full): one line, and no temporary file left to keep the disk full
+    path = str(tmp_path / 'ckpt.pt')
+    os.symlink('/dev/full', path + '.tmp')
+    with pytest.raises(checkpoint.CheckpointError, match=r'cannot write .*ckpt.pt: No space left on device'):
+        checkpoint.save({'x': torch.zeros(100000)}, path)
+    assert os.listdir(tmp_path) == []
+    # the same in a run: it stops with one line that says which checkpoint is still there
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    real = os.fsync
+    def fsync_full(fd):
+        if os.readlink(f'/proc/self/fd/{fd}').endswith('ckpt_last.pt.tmp') and steps_done() >= 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd)
+    steps_done = lambda: sum(r['type'] == 'step' for r in read_log(out))
+    monkeypatch.setattr(os, 'fsync', fsync_full)
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=8',
+                 '--est_interval=2')
+    monkeypatch.setattr(os, 'fsync', real)
+    assert_one_line_error(p, f"cannot write {os.path.join(out, 'ckpt_last.pt')}: No space left on device; "
+                             f"stopped at step 4: the last checkpoint, {os.path.join(out, 'ckpt_last.pt')}, "
+                             f"is from step 2")
+    assert sorted(os.listdir(out)) == ['.lock', 'ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl', 'summary.json']
+    assert load_ckpt(out)['step'] == 2
+
+
+def tiny_run(tmp_path, *args):
+    data = make_data(tmp_path)
+    return run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={tmp_path}/out',
+                    '--est_interval=5', *args)
+
+
+def test_scratch_run_never_replaces_a_run(tmp_path):
+    out = str(tmp_path / 'out')
+    assert tiny_run(tmp_path, '--train_steps=5').returncode == 0
+    log = open(os.path.join(out, 'log.jsonl'), 'rb').read()
+    # the same command again, as after a crash: refused, and the run is untouched
+    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), f'{out} already holds a run', '--init_from=resume',
+                          '--overwrite=True')
+    assert open(os.path.join(out, 'log.jsonl'), 'rb').read() == log
+    os.remove(os.path.join(out, 'ckpt_last.pt'))  # killed before its first save: the log alone counts
+    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), 'already holds a run (log.jsonl)')
+    p = tiny_run(tmp_path, '--train_steps=2', '--overwrite=True')  # starting over on purpose
+    assert p.returncode == 0, p.stderr
+    assert read_log(out)[0]['type'] == 'start' and load_ckpt(out)['step'] == 2
+    assert json.load(open(os.path.join(out, 'summary.json')))['step'] == 2
+
+
+def test_resume_repairs_best_and_summary(tmp_path):
+    """Killed right after the final save, before ckpt_best.pt was linked and summary.json renamed: the
+    resumed run leaves the files the uninterrupted run would have."""
+    out = str(tmp_path / 'out')
+    assert tiny_run(tmp_path, '--train_steps=5').returncode == 0
+    best5, summary5 = load_ckpt(out, 'best'), json.load(open(os.path.join(out, 'summary.json')))
+    shutil.copy(os.path.join(out, 'ckpt_best.pt'), tmp_path / 'best5.pt')
+    p = tiny_run(tmp_path, '--train_steps=10', '--init_from=resume')
+    assert p.returncode == 0, p.stderr
+    summary = json.load(open(os.path.join(out, 'summary.json')))
+    assert best5['step'] == 5 and load_ckpt(out, 'best')['step'] == 10  # the final estimate is the best
+    # the state such a kill leaves: the new ckpt_last.pt, the old ckpt_best.pt, the old summary
+    os.remove(os.path.join(out, 'ckpt_best.pt'))  # a hard link to ckpt_last.pt: copying into it would change both
+    shutil.copy(tmp_path / 'best5.pt', os.path.join(out, 'ckpt_best.pt'))
+    json.dump(dict(summary5, status='running', train_steps=10), open(os.path.join(out, 'summary.json'), 'w'))
+    p = tiny_run(tmp_path, '--init_from=resume')
+    assert p.returncode == 0, p.stderr
+    assert load_ckpt(out, 'best')['step'] == 10
+    repaired = json.load(open(os.path.join(out, 'summary.json')))
+    for k in ('status', 'step', 'best_val_loss', 'final_train_loss', 'final_val_loss', 'tokens_seen'):
+        assert repaired[k] == summary[k], k
+    assert repaired['status'] == 'finished'
+
+
+def test_resume_drops_a_torn_log_line(tmp_path):
+    import report
+    out = str(tmp_path / 'out')
+    assert tiny_run(tmp_path, '--train_steps=5').returncode == 0
+    with open(os.path.join(out, 'log.jsonl'), 'a') as f:
+        f.write('{"type": "step", "step": 6, "loss": 7.1')  # killed mid-write
+    p = tiny_run(tmp_path, '--train_steps=10', '--init_from=resume')
+    assert p.returncode == 0, p.stderr
+    log = read_log(out)  # every line is JSON
+    assert [r['step'] for r in log if r['type'] == 'step'] == list(range(1, 11))
+    assert report.load_run(out)['curve'][-1][0] == 10
+    assert 'dropped its torn last line (39 bytes)' in p.stdout
+
+
+def test_one_run_per_out_dir_and_signals(tmp_path):
+    """A second run or a resume while a run lives is refused at once; Ctrl-C and SIGTERM stop a run with
+    one line that says the step and how to continue it."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    args = TINY + [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=100000',
+                   '--est_interval=5', '--log_interval=1000']
+
+    def start(*extra, steps):  # a run in the background, once it has taken `steps` steps
+        first = len(read_log(out)) if os.path.exists(os.path.join(out, 'log.jsonl')) else 0
+        proc = subprocess.Popen([PY, 'train.py', *args, *extra], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 90
+        while time.time() < deadline and proc.poll() is None:
+            if os.path.exists(os.path.join(out, 'log.jsonl')) and \
+                    sum(r['type'] == 'step' for r in read_log(out)[first:]) >= steps:
+                return proc
+            time.sleep(0.05)
+        raise AssertionError('the run ended before it could be stopped: ' + proc.stderr.read())
+
+    proc = start(steps=6)
+    try:  # (in this process: the lock is the kernel's, per open file, so it holds against this process too)
+        assert_one_line_error(run_here('train.py', *args, '--train_steps=10'),
+                              f'{out} is in use by another train.py (pid {proc.pid})')
+        assert_one_line_error(run_here('train.py', f'--out_dir={out}', '--init_from=resume'), 'is in use')
+    finally:
+        proc.send_signal(signal.SIGINT)
+        err = proc.communicate(timeout=60)[1]
+    saved = load_ckpt(out)['step']
+    assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
+    assert re.fullmatch(rf"error: interrupted by SIGINT at step \d+; the last checkpoint, {re.escape(out)}/ckpt_last.pt, "
+                        rf"is from step {saved}: continue with --init_from=resume --out_dir={re.escape(out)}\n", err)
+    proc = start('--init_from=resume', steps=1)  # the lock went with the process
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 143 and err.startswith('error: interrupted by SIGTERM at step '), err
+    assert len(err.strip().splitlines()) == 1 and not [f for f in os.listdir(out) if f.endswith('.tmp')]
+
+
+def test_ddp_timeout(tmp_path):
+    """A rank that never shows up (or hangs) stops the others after ddp_timeout, not torch's 30 minutes."""
+    data = make_data(tmp_path)
+    # rank 0 of 2 without its partner: the rendezvous waits for it as long as any collective would
+    env = dict(ENV, RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()))
+    p = subprocess.run([PY, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={tmp_path}/out',
+                        '--ddp_timeout=2'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert_one_line_error(p, 'DDP start-up failed on rank 0', 'Timed out after')
+    assert int(re.search(r'Timed out after (\d+) seconds', p.stderr)[1]) < 10  # ddp_timeout=2 (+ rounding)
+
+
+def test_orphaned_ddp_workers_stop(tmp_path):
+    """After a kill -9 of torchrun its workers stop too, instead of training on alone."""
+    data = make_data(tmp_path)
+    args = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=100000', '--est_interval=50',
+                   '--log_interval=1000']
+    out = str(tmp_path / 'ddp')
+    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                 'train.py', *args, f'--out_dir={out}'], cwd=ROOT, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
+                                              and any(r['type'] == 'step' for r in read_log(out))):
+            assert torchrun.poll() is None, 'torchrun ended early'
+            time.sleep(0.1)
+        workers = children(torchrun.pid)
+        assert len(workers) == 2
+        torchrun.kill()
+        torchrun.wait()
+        deadline = time.time() + 30
+        while time.time() < deadline and any(alive(pid) for pid in workers):
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in workers), 'the workers outlived torchrun'
+    finally:
+        for pid in [torchrun.pid] + workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        torchrun.wait()
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def children(pid):
+    # the processes whose parent is pid (Linux /proc)
+    kids = []
+    for d in os.listdir('/proc'):
+        if d.isdigit():
+            try:
+                stat = open(f'/proc/{d}/stat').read()
+            except OSError:
+                continue
+            if int(stat.rsplit(')', 1)[1].split()[1]) == pid:
+                kids.append(int(d))
+    return kids
+
+
+def alive(pid):
+    # running, not a zombie waiting to be reaped
+    try:
+        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
+    except OSError:
+        return False

@@ -15,22 +15,26 @@ $ torchrun --standalone --nproc_per_node=2 train.py config/cpu_aed_mse_possub.py
 Any key below can be set by a config file (plain Python) and/or --key=value.
 """
 import dataclasses
+import fcntl
 import json
 import math
 import os
 import re
-import shutil
+import signal
 import statistics
 import sys
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import ConfigError, collect_defaults, die, first_line, load_config
+import checkpoint
+from checkpoint import CheckpointError
+from configurator import ConfigError, check_device, check_type, collect_defaults, die, first_line, load_config
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -38,6 +42,7 @@ from model import ModelConfig, build_model
 # I/O
 out_dir = 'out'        # checkpoints, log.jsonl and summary.json go here
 init_from = 'scratch'  # 'scratch' or 'resume' (continue from out_dir/ckpt_last.pt)
+overwrite = False      # True: a scratch run may replace the run already in out_dir (else it is refused)
 est_interval = 500     # estimate train/val loss every this many steps, and at the end
 est_steps = 200        # batches per split in each estimate
 log_interval = 1       # print a line every this many steps (log.jsonl gets every step)
@@ -67,6 +72,7 @@ device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'c
 dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere), or name one
 compile = True         # torch.compile the model (the CPU presets turn it off: slower there, see README)
 seed = 1337            # the init, the batches and dropout all follow from it
+ddp_timeout = 600      # seconds a DDP rank waits in a collective (NCCL or gloo) before the run stops with an error
 # model: every ModelConfig field of model.py is also a key, with ModelConfig's default
 # (arch, vocab_size, context_size, n_embed, n_layer, n_head, dropout_rate, use_bias, the AED keys ...)
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -89,13 +95,11 @@ if config['init_from'] == 'resume':
     if not os.path.isfile(ckpt_path):
         die(f"--init_from=resume: no checkpoint at {ckpt_path}")
     try:
-        ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=True)
-        saved = {k: v for k, v in ckpt['config'].items() if k in DEFAULTS}
-    except Exception as e:
-        die(f"cannot read {ckpt_path}: not a checkpoint written by train.py, or a damaged one ({type(e).__name__})")
-    try:
+        ckpt, _ = checkpoint.load(ckpt_path, ('model', 'optimizer', 'config', 'step', 'best_val_loss', 'rng'))
+        saved = {k: check_type(k, v, DEFAULTS[k], f"in {ckpt_path}")
+                 for k, v in ckpt['config'].items() if k in DEFAULTS}
         config = load_config(DEFAULTS, sys.argv[1:], base={**DEFAULTS, **saved})
-    except ConfigError as e:
+    except (CheckpointError, ConfigError) as e:
         die(e)
     for k in MODEL_KEYS:
         if config[k] != saved.get(k, DEFAULTS[k]):
@@ -106,14 +110,27 @@ globals().update(config)
 # value checks the type check cannot do
 if init_from not in ('scratch', 'resume'):
     die(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+if not out_dir:
+    die("out_dir must not be empty (it is where the checkpoints and the log go)")
 if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
     die(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+try:
+    check_device(device)
+except ConfigError as e:
+    die(e)
 for k in ('batch_size', 'gradient_accumulation_steps', 'est_interval', 'est_steps', 'log_interval'):
     if config[k] < 1:
         die(f"{k} must be >= 1, got {config[k]}")
-for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters', 'train_tokens'):
-    if config[k] < 0:
+for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters', 'train_tokens', 'min_lr', 'weight_decay',
+          'grad_clip'):
+    if config[k] < 0:  # a negative min_lr is gradient ascent, a negative weight decay pushes weights up
         die(f"{k} must be >= 0, got {config[k]}")
+for k in ('lr', 'ddp_timeout'):
+    if config[k] <= 0:
+        die(f"{k} must be > 0, got {config[k]}")
+for k in ('beta1', 'beta2'):
+    if not 0 <= config[k] < 1:
+        die(f"{k} must be in [0, 1), got {config[k]}")
 if decay_lr and lr_decay_iters <= warmup_iters:
     die(f"lr_decay_iters ({lr_decay_iters}) must be > warmup_iters ({warmup_iters})")
 try:
@@ -132,15 +149,83 @@ if device == 'auto':
 device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
 if device_type == 'cuda' and not torch.cuda.is_available():
     die("device cuda asked for, but torch sees no CUDA GPU (use --device=cpu)")
+if ddp and gradient_accumulation_steps % world_size:
+    die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the "
+        f"number of processes ({world_size}); e.g. divide batch_size and multiply gradient_accumulation_steps "
+        f"by the same factor")
+
+
+def interrupted(signum, frame):
+    # Ctrl-C or SIGTERM: stop now, without saving (a save under way finishes first). Every file is written
+    # atomically, so this is as safe as a kill -9 at any moment; a save here could not be (the signal may land
+    # in the middle of an optimizer step)
+    name = signal.Signals(signum).name
+    if 'step' not in globals():  # the training loop has not started
+        die(f"interrupted by {name} before the first step", 128 + signum)
+    hint = f": continue with --init_from=resume --out_dir={out_dir}" if saved_step is not None else ""
+    die(f"interrupted by {name} at step {step}; {last_saved()}{hint}", 128 + signum)
+
+
+if ddp:  # torchrun's SIGINT/SIGTERM kill its workers at once (a rank inside a collective would run no handler)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+else:
+    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGTERM, interrupted)
+
+# out_dir (rank 0's): one run at a time, and a scratch run never replaces a run by accident
+if master:
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        lock_file = open(os.path.join(out_dir, '.lock'), 'a+')
+    except OSError as e:
+        die(f"cannot write in out_dir {out_dir}: {e.strerror}")
+    try:
+        # held for the life of the process; the kernel releases it however the process ends (kill -9 too)
+        fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock_file.seek(0)
+        die(f"{out_dir} is in use by another train.py (pid {lock_file.read().strip() or '?'}): "
+            f"one run per out_dir at a time")
+    lock_file.truncate(0)
+    lock_file.write(f"{os.getpid()}\n")
+    lock_file.flush()
+    held = [f for f in ('ckpt_last.pt', 'log.jsonl') if os.path.exists(os.path.join(out_dir, f))]
+    if init_from == 'scratch' and held and not overwrite:
+        die(f"{out_dir} already holds a run ({' and '.join(held)}): continue it with --init_from=resume, "
+            f"or start over and replace it with --overwrite=True")
+    stale = ['ckpt_last.pt.tmp', 'ckpt_best.pt.tmp', 'summary.json.tmp']  # a killed run's (we hold the lock)
+    if init_from == 'scratch':  # --overwrite=True: the old run goes now, so a kill before the first save mixes nothing
+        stale += ['ckpt_last.pt', 'ckpt_best.pt', 'summary.json', 'log.jsonl']
+    for f in stale:
+        if os.path.exists(os.path.join(out_dir, f)):
+            os.remove(os.path.join(out_dir, f))
+    if init_from == 'resume' and os.path.isfile(os.path.join(out_dir, 'log.jsonl')):
+        # a kill (or a full disk) mid-write can leave a torn last line: cut it, or the resumed run's
+        # first record would be glued to it
+        with open(os.path.join(out_dir, 'log.jsonl'), 'rb+') as f:
+            torn = len(f.read().rpartition(b'\n')[2])
+            if torn:
+                f.truncate(f.tell() - torn)
+                print(f"log.jsonl: dropped its torn last line ({torn} bytes)", flush=True)
+
 if ddp:
-    if gradient_accumulation_steps % world_size:
-        die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the "
-            f"number of processes ({world_size}); e.g. divide batch_size and multiply gradient_accumulation_steps "
-            f"by the same factor")
+    if sys.platform == 'linux':
+        # torchrun starts each worker in a session of its own, so after a kill -9 of torchrun the workers
+        # would train on alone: have the kernel SIGKILL this one when its parent dies. SIGKILL, not SIGTERM:
+        # a rank blocked in a collective runs no signal handler. (Saves are atomic: a kill is safe anytime.)
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
-    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+    # a rank that hangs (or never shows up) makes the others fail after ddp_timeout (gloo's own default: 30
+    # min, silent); it must outlast rank 0's estimate + save (+ compile), which the other ranks wait for
+    try:
+        dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo',
+                                timeout=timedelta(seconds=ddp_timeout))
+    except dist.DistError as e:  # e.g. a rank that never showed up
+        die(f"DDP start-up failed on rank {rank}: {first_line(e)}")
 micro_steps = gradient_accumulation_steps // world_size  # per rank
 tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all ranks together
 
@@ -158,32 +243,48 @@ if device_type == 'cuda':
     torch.backends.cudnn.allow_tf32 = True
 
 # data: each split's memmap is opened once; batches are random offsets, with replacement
-def open_split(split):
+def open_split(split, limit=0):
+    # limit > 0: the first `limit` tokens only (train_tokens, the data-constrained regime); nothing past them is
+    # ever read, not even by the id check
     path = os.path.join(data_dir, dataset, f'{split}.bin')
     if not os.path.isfile(path):
         die(f"{path} not found: run python prepare.py")
+    size = os.path.getsize(path)
+    if size % 2:
+        die(f"{path} has an odd number of bytes ({size}): not a file of uint16 token ids, or a truncated one")
+    if size < 2 * (context_size + 2):
+        die(f"{path} has {size // 2} tokens, fewer than context_size + 2 = {context_size + 2}")
+    if limit > size // 2:
+        die(f"train_tokens ({limit:,}) is more than {path} holds ({size // 2:,})")
+    if limit and limit < context_size + 2:
+        die(f"train_tokens ({limit}) is too small for one batch: needs at least context_size + 2 = {context_size + 2}")
     data = np.memmap(path, dtype=np.uint16, mode='r')
-    if len(data) < context_size + 2:
-        die(f"{path} has {len(data)} tokens, fewer than context_size + 2 = {context_size + 2}")
+    if limit:
+        data = data[:limit]  # still a memmap
+    # once, here: an id past the embedding table would otherwise be an IndexError steps later
+    # (one pass over the file: memory speed once cached, which training needs anyway)
+    if int(data.max()) >= vocab_size:
+        die(f"{path} holds token id {int(data.max())}, but vocab_size is {vocab_size}: data and model disagree")
     return data
 
 
-train_data, val_data = open_split('train'), open_split('val')
-if train_tokens:
-    # the data-constrained regime: batches (and train-loss estimates) come from this prefix only
-    if train_tokens > len(train_data):
-        die(f"train_tokens ({train_tokens:,}) is more than {data_dir}/{dataset}/train.bin holds ({len(train_data):,})")
-    if train_tokens < context_size + 2:
-        die(f"train_tokens ({train_tokens}) is too small for one batch: needs at least context_size + 2 = {context_size + 2}")
-    train_data = train_data[:train_tokens]  # still a memmap: nothing past the prefix is ever read
+train_data, val_data = open_split('train', train_tokens), open_split('val')
 
 
 def epochs(step):
     return step * tokens_per_step / len(train_data)  # passes over the training tokens, on average
+
+
 meta_path = os.path.join(data_dir, dataset, 'meta.json')
 if os.path.isfile(meta_path):
-    with open(meta_path) as f:
-        meta_vocab = json.load(f).get('vocab_size')
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        die(f"cannot read {meta_path}: {getattr(e, 'strerror', None) or e}")
+    if not isinstance(meta, dict):
+        die(f"{meta_path}: expected a JSON object as prepare.py writes it, got a {type(meta).__name__}")
+    meta_vocab = meta.get('vocab_size')
     if isinstance(meta_vocab, int) and meta_vocab > vocab_size:
         die(f"{meta_path} says vocab_size {meta_vocab}, more than the model's vocab_size {vocab_size}")
 
@@ -250,19 +351,21 @@ def gpu_peak_flops():
 torch.manual_seed(seed)  # the same init on every rank (DDP also broadcasts rank 0's weights)
 model = build_model(model_config)
 if ckpt is not None:
-    try:
-        model.load_state_dict(ckpt['model'])
-    except RuntimeError as e:
-        die(f"checkpoint does not fit the model: {first_line(e)}")
+    model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
 model.to(device)
 raw_model = model  # the uncompiled, unwrapped module: attributes, state_dict, generate
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 start_step, best_val_loss, elapsed_before = 0, float('inf'), 0.0
+best_step, last_est, saved_step = None, {}, None  # the best estimate's step, the last estimate, ckpt_last.pt's step
 if ckpt is not None:
-    optimizer.load_state_dict(ckpt['optimizer'])
+    try:
+        optimizer.load_state_dict(ckpt['optimizer'])
+    except (ValueError, KeyError, TypeError) as e:
+        die(f"{ckpt_path}: its optimizer state does not fit the model ({first_line(e)})")
     if ckpt.get('scaler'):
         scaler.load_state_dict(ckpt['scaler'])
     start_step, best_val_loss, elapsed_before = ckpt['step'], ckpt['best_val_loss'], ckpt.get('elapsed', 0.0)
+    best_step, last_est, saved_step = ckpt.get('best_step'), ckpt.get('last_est', {}), start_step
 
 peak_flops, peak_note = gpu_peak_flops()
 flops_per_step = raw_model.flops_per_token() * tokens_per_step
@@ -331,7 +434,14 @@ def estimate_loss():
 
 
 def save_checkpoint(step, also_best):
-    # atomic: write a temporary file, fsync, rename; a kill -9 mid-write leaves the old file intact
+    global saved_step
+    # a step with a finite loss can still leave NaN/inf weights or Adam moments (an overflowing update):
+    # never save those, or they would replace the last good checkpoint
+    tensors = list(raw_model.state_dict().items())
+    tensors += [(f'{name} ({k})', v) for name, p in raw_model.named_parameters() for k, v in optimizer.state[p].items()]
+    bad = checkpoint.nonfinite(tensors)
+    if bad:
+        stop(f"{len(bad)} of {len(tensors)} weight and optimizer tensors are not finite (e.g. {bad[0]})", step)
     ckpt = {
         'model': raw_model.state_dict(),
         'optimizer': optimizer.state_dict(),
@@ -339,23 +449,31 @@ def save_checkpoint(step, also_best):
         'config': run_config,
         'step': step,
         'best_val_loss': best_val_loss,
+        'best_step': best_step,  # with last_est: what a resume at this step needs to repair ckpt_best.pt and summary.json
+        'last_est': last_est,
         'elapsed': elapsed(),
         'rng': {'torch': torch.get_rng_state(),
                 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
     }
     path = os.path.join(out_dir, 'ckpt_last.pt')
-    with open(path + '.tmp', 'wb') as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + '.tmp', path)
-    if also_best:
-        best = os.path.join(out_dir, 'ckpt_best.pt')
-        try:
-            os.link(path, best + '.tmp')  # no second write; 'last' is later replaced, never rewritten in place
-        except OSError:
-            shutil.copyfile(path, best + '.tmp')
-        os.replace(best + '.tmp', best)
+    # Ctrl-C and SIGTERM wait for the save (a second or so) and its bookkeeping: their message then names
+    # the step that is really in ckpt_last.pt
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        checkpoint.save(ckpt, path)  # atomic: a kill or a full disk mid-write leaves the old file intact
+        saved_step = step
+        if also_best:
+            checkpoint.link(path, os.path.join(out_dir, 'ckpt_best.pt'))
+    except CheckpointError as e:
+        die(f"{e}; stopped at step {step}: {last_saved()}")
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def last_saved():
+    if saved_step is None:
+        return "no checkpoint was saved yet"
+    return f"the last checkpoint, {os.path.join(out_dir, 'ckpt_last.pt')}, is from step {saved_step}"
 
 
 def write_summary(status, step, last_est):
@@ -369,24 +487,26 @@ def write_summary(status, step, last_est):
         'dtype': dtype, 'compiled': eval_model is not raw_model, 'torch': torch.__version__,
         'config': run_config,
     }
-    tmp = os.path.join(out_dir, 'summary.json.tmp')
-    with open(tmp, 'w') as f:
-        json.dump(summary, f, indent=2)
-    os.replace(tmp, os.path.join(out_dir, 'summary.json'))
+    try:
+        checkpoint.atomic_write(os.path.join(out_dir, 'summary.json'),
+                                lambda f: f.write(json.dumps(summary, indent=2).encode()))
+    except CheckpointError as e:
+        die(f"{e}; stopped at step {step}: {last_saved()}")
 
 
 def log_record(rec):
-    log_file.write(json.dumps(rec) + '\n')
-    log_file.flush()
+    try:
+        log_file.write((json.dumps(rec) + '\n').encode())  # unbuffered: one write() per record
+    except OSError as e:
+        die(f"cannot write {log_file.name}: {e.strerror}; stopped at step {rec['step']}: {last_saved()}")
 
 
 def stop(msg, step):
-    # a NaN/inf loss: nothing is saved, so ckpt_last.pt stays the last good one
+    # a NaN/inf loss or weights: nothing is saved, so ckpt_last.pt stays what it was (checked when saved)
     if master:
         log_record({'type': 'stop', 'step': step, 'reason': msg})
         write_summary('stopped: ' + msg, step, last_est)
-    die(f"{msg} at step {step}; stopped without saving (the last good checkpoint, if any, "
-        f"is {os.path.join(out_dir, 'ckpt_last.pt')})")
+    die(f"{msg} at step {step}; stopped without saving: {last_saved()}")
 
 
 run_config = dict(config)  # as given (device 'auto' stays 'auto'), so a resume on other hardware works
@@ -400,13 +520,21 @@ def duration(s):
 
 
 if master:
-    os.makedirs(out_dir, exist_ok=True)
     # a fresh run starts a fresh log; a resumed one appends (records after a 'resume' record
     # supersede earlier ones with the same or later step)
-    log_file = open(os.path.join(out_dir, 'log.jsonl'), 'a' if init_from == 'resume' else 'w')
+    log_file = open(os.path.join(out_dir, 'log.jsonl'), 'ab' if init_from == 'resume' else 'wb', buffering=0)
     log_record({'type': 'resume' if init_from == 'resume' else 'start', 'step': start_step,
                 'train_tokens': len(train_data), 'world_size': world_size, 'device': device, 'dtype': dtype,
                 'config': run_config})
+    if init_from == 'resume':
+        # a kill right after the save at start_step left what follows it undone: redo it, so that a resumed
+        # run leaves the files an uninterrupted one would (ckpt_best.pt, then summary.json)
+        if best_step == start_step:
+            try:
+                checkpoint.link(os.path.join(out_dir, 'ckpt_last.pt'), os.path.join(out_dir, 'ckpt_best.pt'))
+            except CheckpointError as e:
+                die(e)
+        write_summary('finished' if start_step >= train_steps else 'running', start_step, last_est)
     if wandb_log:
         try:
             import wandb
@@ -417,7 +545,6 @@ if master:
 
 # training loop
 step = start_step
-last_est = {}
 step_times, est_s = [], None  # for the expected time of the run
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
@@ -430,6 +557,7 @@ while True:
                 stop(f"loss estimate is not finite ({last_est})", step)
             improved = last_est['val'] < best_val_loss
             best_val_loss = min(best_val_loss, last_est['val'])
+            best_step = step if improved else best_step
             print(f"step {step}: train loss {last_est['train']:.4f}, val loss {last_est['val']:.4f}"
                   f"{' (best)' if improved else ''} [{time.time() - t0:.1f} s]", flush=True)
             log_record({'type': 'est', 'step': step, 'train': last_est['train'], 'val': last_est['val'],

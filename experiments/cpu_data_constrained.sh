@@ -55,6 +55,8 @@ run() {  # run <run name> <config name> [extra train.py args...]
                 --est_interval=$EST_INTERVAL --log_interval=100 "$@" ${EXTRA[@]+"${EXTRA[@]}"} --out_dir="$out")
     if [ -f "$out/ckpt_last.pt" ]; then
         args+=(--init_from=resume)
+    elif [ -f "$out/log.jsonl" ]; then
+        args+=(--overwrite=True)  # killed before its first checkpoint: nothing to resume, start it over
     fi
     echo "=== $(date -u +%H:%M:%S) start: ${args[*]}"
     mkdir -p "$OUT"

@@ -25,6 +25,8 @@ run() {  # run <run name> <config name> [extra train.py args...]
     fi
     if [ -f "$out/ckpt_last.pt" ]; then
         set -- "$@" --init_from=resume
+    elif [ -f "$out/log.jsonl" ]; then
+        set -- "$@" --overwrite=True  # killed before its first checkpoint: nothing to resume, start it over
     fi
     echo "=== $config $* -> $out  ($(date -u +%H:%M:%S))"
     python train.py "$config" "$@" --out_dir="$out"
