@@ -7,7 +7,7 @@ Speed and memory of the whole pipeline, measured on this machine:
   5. peak memory of a training step, with and without the full (B, T, vocab) logits
 Prints a table and writes the figures as JSON (out_json).
 
-    python bench.py                     # about 5 minutes on 2 idle CPU cores
+    python bench.py                     # about 5 minutes on 2 idle CPU cores (estimated 5.4: see README)
     python bench.py --sections=memory   # some sections only (train, generate, data, prepare, memory)
     python bench.py --quick             # about a minute
 

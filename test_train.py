@@ -604,9 +604,9 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
     p = run('train.py', *common[:-3], f'--out_dir={tmp_path / "all"}', '--train_steps=10', '--est_interval=100')
     assert_one_line_error(p, 'holds token id 1031, but vocab_size is 1024')
     # a limit the file cannot meet, or too small for one sequence: one line each
-    p = run('train.py', *common, '--train_tokens=6001', '--train_steps=1')
+    p = run('train.py', *common, '--train_tokens=6001', '--train_steps=1', f'--out_dir={tmp_path / "e1"}')
     assert_one_line_error(p, 'train_tokens (6,001) is more than', 'train.bin holds (6,000)')
-    p = run('train.py', *common, '--train_tokens=17', '--train_steps=1')
+    p = run('train.py', *common, '--train_tokens=17', '--train_steps=1', f'--out_dir={tmp_path / "e2"}')
     assert_one_line_error(p, 'train_tokens (17) is too small for one batch')
 # ----------------------------------------------------------------------------- reliability (issue 12)
 def test_bad_values_and_data_are_one_line(tmp_path):
