@@ -191,6 +191,8 @@ def stats(values):
 def fmt_stats(values, signed=False):
     mean, std, lo, hi = stats(values)
     f = '+.3f' if signed else '.3f'
+    if len(values) == 1:
+        return f"{mean:{f}} (one seed: no spread yet)"
     return f"{mean:{f}} ± {std:.3f} (min {lo:{f}}, max {hi:{f}})"
 
 

@@ -269,6 +269,9 @@ def test_seed_groups_compare_and_epochs(tmp_path):
         err = p.stderr.strip()
         assert p.returncode != 0 and err.startswith('error: ') and len(err.splitlines()) == 1, err
         assert all(w in err for w in words), err
+    p = run_report(dirs[0], dirs[3], '--compare=aed,gpt')  # one seed each: no spread to report
+    assert '- aed - gpt, paired by seed (1): final val -0.050 (one seed: no spread yet); ' \
+           'best val -0.010 (one seed: no spread yet); aed lower in 1 of 1 (final), 1 of 1 (best)' in p.stdout
     one_line_error(run_report(*dirs, '--compare=aed,bert'), "no run or group named 'bert'")
     one_line_error(run_report(dirs[0], dirs[4], '--compare=aed,gpt_seed2'), 'no seed in common')
     one_line_error(run_report(*dirs, '--compare=aed'), '--compare takes two names')

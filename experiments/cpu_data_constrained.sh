@@ -18,6 +18,7 @@
 # both cores busy. About 4 hours on an idle 2-core VM.
 #
 # $ bash experiments/cpu_data_constrained.sh     (from anywhere; resumable: run it again after a stop)
+# $ REPORT_ONLY=1 bash experiments/cpu_data_constrained.sh   (only the tables and charts, from what is finished)
 #
 # Each run trains in out-cpu-dc/<run> (checkpoints: not in git; its output in out-cpu-dc/<run>.log). When it finishes, its summary.json and
 # log.jsonl (estimates, the start/resume records and the last step: not every step) are copied to
@@ -41,7 +42,7 @@ RUNS=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3
       aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec)
 
 echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
-python prepare.py  # data/wikipedia/{train,val}.bin; does nothing when they are up to date
+[ -n "${REPORT_ONLY:-}" ] || python prepare.py  # data/wikipedia/{train,val}.bin; nothing to do when up to date
 mkdir -p "$RES"
 
 run() {  # run <run name> <config name> [extra train.py args...]
@@ -116,6 +117,10 @@ stop_runs() {
     exit 130
 }
 trap stop_runs INT TERM
+if [ -n "${REPORT_ONLY:-}" ]; then  # REPORT_ONLY=1: rewrite the tables and charts from the finished runs, no training
+    report
+    exit 0
+fi
 start=$(date +%s)
 launch baseline cpu_baseline
 launch aed_mse_possub cpu_aed_mse_possub
