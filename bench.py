@@ -7,7 +7,7 @@ Speed and memory of the whole pipeline, measured on this machine:
   5. peak memory of a training step, with and without the full (B, T, vocab) logits
 Prints a table and writes the figures as JSON (out_json).
 
-    python bench.py                     # about 5 minutes on 2 idle CPU cores (estimated 5.4: see README)
+    python bench.py                     # 7.3 minutes on 2 idle CPU cores, cold compile cache (see README)
     python bench.py --sections=memory   # some sections only (train, generate, data, prepare, memory)
     python bench.py --quick             # about a minute
 
@@ -16,7 +16,7 @@ turn, and the median is reported, so their ratio is measured under the same cond
 machine: with another process on one of the 2 cores, 2 OpenMP threads wait on each other and every figure
 can be many times worse.
 
-The full run took 9 minutes; these changes brought it to about 5, with the same figures:
+These changes cut the full run's work (it took 535 s before them), measuring the same figures:
   - the nanoGPT reference config and the small AED run as one interleaved group: the small pair's GPT is
     the same model and step as "ours" on the reference config, so it is built, compiled and timed once
   - uncached generation times one token at every 8th length (25 of the 199) rather than all 199: a token's
@@ -25,8 +25,9 @@ The full run took 9 minutes; these changes brought it to about 5, with the same 
     model's two probes run side by side (nothing there is timed)
   - training steps: the median of 5 interleaved rounds, not 7 (generation keeps its 2)
   - data loading: 8 training steps instead of 12 (the median of 6); prepare: the text x 4 (20 MB), not x 8
-These times hold with torch's on-disk compile cache warm; compiling from scratch (the first run, or after a
-change to model.py) adds 2-3 minutes: the compiled one-token steps take 34-55 s each to compile then.
+Since them the full run took 436 s on 2 idle cores with torch's on-disk compile cache cold (the first run, or
+after a change to model.py): 212 s of it compiled the four one-token steps (39-69 s each), which with the
+cache warm are loads from it instead, so the run would take about 225 s plus those loads.
 """
 
 import json
@@ -45,7 +46,7 @@ from configurator import ConfigError, collect_defaults, die, load_config
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
-quick = False  # about a minute instead of about five (small models only, no compiled variants)
+quick = False  # about a minute instead of about seven (small models only, no compiled variants)
 device = "auto"  # 'auto' (cuda if available), 'cpu', 'cuda'
 repeats = 0  # timed repetitions per measurement (generation: a third as many); 0: 3 with quick, else 5
 out_json = "bench.json"
