@@ -23,7 +23,9 @@ from xml.sax.saxutils import escape
 from configurator import ConfigError, die, load_config
 
 # what the run's config may differ in and still count as "the same run, another seed"
-SEED_ONLY_KEYS = ('seed', 'out_dir', 'wandb_run_name', 'init_from')
+# (and keys that say where and how a run was written or watched, not what was trained)
+SEED_ONLY_KEYS = ('seed', 'out_dir', 'init_from', 'overwrite', 'wandb_log', 'wandb_project', 'wandb_run_name',
+                  'log_interval', 'save_interval', 'ddp_timeout')
 
 # Tableau 10: distinct, readable on white, and still tellable apart by most colour-blind readers
 COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f',
@@ -165,19 +167,25 @@ def table(runs):
     return lines
 
 
-def config_key(r):
-    # runs with the same key differ only in the seed (and where they were written)
-    if not r['config']:
-        return r['name']
-    return json.dumps({k: v for k, v in r['config'].items() if k not in SEED_ONLY_KEYS}, sort_keys=True)
+def same_config(a, b):
+    # the same run but for the seed; a key only one of the two configs has is ignored: the other run was
+    # written before the key existed, when its default was the only behaviour
+    if not a['config'] or not b['config']:
+        return a['name'] == b['name']
+    common = (a['config'].keys() & b['config'].keys()) - set(SEED_ONLY_KEYS)
+    return all(a['config'][k] == b['config'][k] for k in common)
 
 
 def groups_of(runs):
     # {first run's name: [runs that differ from it only in the seed]}, in the order given
-    groups, name_of = {}, {}
+    groups = {}
     for r in runs:
-        name = name_of.setdefault(config_key(r), r['name'])
-        groups.setdefault(name, []).append(r)
+        for group in groups.values():
+            if same_config(group[0], r):
+                group.append(r)
+                break
+        else:
+            groups[r['name']] = [r]
     return groups
 
 
@@ -304,9 +312,10 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step')
     out.append(f'<text transform="translate(18 {top + ph / 2}) rotate(-90)" text-anchor="middle">'
                f'{"loss (thick: val, thin dashed: train)" if train else "val loss"}</text>')
     # a colour per config; another seed of the same config gets its colour with a dash pattern
+    group_of = {id(r): name for name, group in groups_of(runs).items() for r in group}
     styles, seen = [], {}
     for r in runs:
-        key = config_key(r)
+        key = group_of[id(r)]
         if key in seen:
             color, n = seen[key]
             seen[key] = (color, n + 1)
