@@ -10,12 +10,7 @@
 # Hyperparameters: the same as config/baseline_gpt2.py (see there why); the model options: aed_mse_possub's.
 include('aed_mse_possub.py')  # the author's run: its model options
 out_dir = 'out-aed-gpt2'
-batch_size = 12
-gradient_accumulation_steps = 40  # the global count: 5 per GPU on 8 GPUs
-lr = 6e-4
-min_lr = 6e-5
-grad_clip = 1.0
-context_size = 1024
+include('gpt2_common.py')  # the pair's training settings, and context 1024
 n_embed = 704
 n_layer = 6  # 6 encoder + 6 decoder blocks
 n_head = 11

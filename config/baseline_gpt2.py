@@ -9,13 +9,8 @@
 # agree on the rest: AdamW betas (0.9, 0.95), weight decay 0.1 on matrices, no dropout, no biases.
 # Every other key is train.py's default (the author's protocol). 9000 steps are 4.4B tokens, about 36 per parameter (the author's runs saw about 90 per parameter).
 out_dir = 'out-baseline-gpt2'
-batch_size = 12
-gradient_accumulation_steps = 40  # the global count: 5 per GPU on 8 GPUs
-lr = 6e-4
-min_lr = 6e-5
-grad_clip = 1.0
+include('gpt2_common.py')  # the pair's training settings, and context 1024
 arch = 'gpt'
-context_size = 1024
 n_embed = 768
 n_layer = 12
 n_head = 12
