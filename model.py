@@ -342,7 +342,7 @@ class Transformer(nn.Module):
             # (L, L), zero above the diagonal by construction: only the packed s <= t entries are written
             W = E.new_zeros(L, L).index_put(tuple(self.embedding_agg_index), self.embedding_agg.to(E.dtype))
             return W[:T, :T] @ E  # (T, T) @ (B, T, C) -> (B, T, C)
-        return E.cumsum(dim=1) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)  # (B, T, C)
+        return cumulative_mean(E)
 
     def forward(self, idx, targets=None, return_logits=True):
         """idx, targets: (B, T). Returns (logits (B, T, vocab_size) or None, loss or None). In training mode the
@@ -437,6 +437,12 @@ class Transformer(nn.Module):
                 idx_next = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.size(-1) - 1)  # skips p = 0
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
+
+
+@torch.compiler.disable  # Inductor's CUDA code for this cumsum fails to compile (torch 2.11, H100); eager costs ~nothing
+def cumulative_mean(E):
+    T = E.size(1)
+    return E.cumsum(dim=1) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)  # (B, T, C)
 
 
 def build_model(config):

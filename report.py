@@ -16,6 +16,7 @@ final and of the best val loss. Uses only the standard library.
 """
 import json
 import math
+import statistics
 import os
 import sys
 from xml.sax.saxutils import escape
@@ -43,6 +44,7 @@ OPTIONS = dict(
     title='',     # chart title ('' = a description of the curves)
     x='step',     # the chart's x axis: step, or epochs (passes over the training tokens)
     compare='',   # A,B: A - B of final and best val loss, paired by seed (A, B: a run or a seed group's first run)
+    speed=False,  # also a table of each run's speed: median ms/step, tokens/s and MFU of its logged steps, peak memory
 )
 
 
@@ -137,6 +139,9 @@ def load_run(run_dir):
         'epochs': summary.get('epochs', last.get('epochs')),
         'wall': summary.get('wall_time_s', max(last.get('time', 0), ests[-1].get('time', 0))),
         'status': summary.get('status', 'no summary.json'),
+        'timed': [r for r in steps if r['step'] >= 2 and 'ms' in r],  # the first step pays for compiling and warm-up
+        'hardware': summary.get('gpu') or summary.get('device') or '?', 'dtype': summary.get('dtype', '?'),
+        'compiled': summary.get('compiled'), 'peak_mib': summary.get('peak_gpu_memory_mib'),
     }
 
 
@@ -164,6 +169,19 @@ def table(runs):
         lines.append(f"| {name} | {r['train']:.3f} | {r['val']:.3f} | {r['best_val']:.3f} ({r['best_step']:,}) | "
                      f"{emb} | {params} | {seed} | {r['step']:,} | {epochs} | {fmt_tokens(r['tokens'])} | "
                      f"{fmt_wall(r['wall'])} |")
+    return lines
+
+
+def speed_table(runs):
+    lines = ["| run | hardware | dtype | compiled | steps timed | ms/step | tokens/s | MFU | peak GPU memory |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        t = r['timed']
+        med = (lambda key: statistics.median(x[key] for x in t)) if t else None
+        mfu = f"{100 * med('mfu'):.1f}%" if t and all(x.get('mfu') is not None for x in t) else "N/A"
+        peak = f"{r['peak_mib']:,} MiB" if r['peak_mib'] is not None else "N/A"
+        lines.append(f"| {r['name']} | {r['hardware']} | {r['dtype']} | {'yes' if r['compiled'] else 'no'} | {len(t)} | "
+                     + (f"{med('ms'):,.0f} | {med('tok_s'):,.0f} | " if t else "N/A | N/A | ") + f"{mfu} | {peak} |")
     return lines
 
 
@@ -372,6 +390,9 @@ if __name__ == '__main__':
                + '\n'.join(groups) + '\n')
     if opts['compare']:
         md += '\nDifference (negative: the first is lower):\n\n' + '\n'.join(compare(runs, *opts['compare'])) + '\n'
+    if opts['speed']:
+        md += ('\nSpeed (medians over the logged steps after the first, which pays for compiling; train.py times a '
+               'step without the estimates):\n\n' + '\n'.join(speed_table(runs)) + '\n')
     print(md, end='')
     if opts['md']:
         write_atomic(opts['md'], md)

@@ -280,3 +280,29 @@ def test_seed_groups_compare_and_epochs(tmp_path):
     one_line_error(run_report(*dirs, '--x=tokens'), '--x must be step or epochs')
     old = write_run(tmp_path, 'old', fake_records({'arch': 'gpt', 'seed': 1}, [(0, 10.8, 10.8), (10, 3.0, 3.0)], None))
     one_line_error(run_report(old, f'--svg={svg}', '--x=epochs'), 'old: its log has no epochs')
+
+
+def test_speed_table(tmp_path):
+    """--speed: the median ms/step, tokens/s and MFU of each run's logged steps, without step 1 (it pays for
+    compiling), and the summary's hardware and peak GPU memory; N/A where a CPU run has no MFU or GPU memory."""
+    ms = {1: 9000.0, 2: 600.0, 3: 700.0, 4: 650.0, 5: 5000.0}  # step 1 (compile) and 5 (an outlier) off the median
+    gpu = fake_records({'arch': 'gpt', 'seed': 1}, [(0, 10.8, 10.8), (5, 7.0, 7.1)], None)
+    for r in gpu:
+        if r['type'] == 'step':
+            r.update(ms=ms[r['step']], tok_s=160000 / ms[r['step']] * 1000, mfu=0.02 * 600 / ms[r['step']])
+    cpu = fake_records({'arch': 'aed', 'seed': 1}, [(0, 10.8, 10.8), (3, 7.0, 7.1)], None)
+    for r in cpu:
+        if r['type'] == 'step':
+            r.update(ms=1000.0 + r['step'], tok_s=1024.0, mfu=None)
+    d1 = write_run(tmp_path, 'g', gpu, summary={'status': 'finished', 'gpu': 'NVIDIA H100 80GB HBM3', 'device': 'cuda',
+                                                 'dtype': 'bfloat16', 'compiled': True, 'peak_gpu_memory_mib': 5631})
+    d2 = write_run(tmp_path, 'c', cpu, summary={'status': 'finished', 'device': 'cpu', 'dtype': 'float32',
+                                                 'compiled': False, 'peak_gpu_memory_mib': None})
+    p = run_report(d1, d2, '--speed')
+    assert p.returncode == 0, p.stderr
+    rows = {line.split('|')[1].strip(): [c.strip() for c in line.strip().strip('|').split('|')]
+            for line in p.stdout.split('Speed')[1].splitlines() if line.startswith('| ') and '---' not in line}
+    # GPU steps 2-5: 600, 650, 700, 5000 ms -> median 675; tok/s median of 266,667 246,154 228,571 32,000
+    assert rows['g'] == ['g', 'NVIDIA H100 80GB HBM3', 'bfloat16', 'yes', '4', '675', '237,363', '1.8%', '5,631 MiB']
+    assert rows['c'] == ['c', 'cpu', 'float32', 'no', '2', '1,002', '1,024', 'N/A', 'N/A']
+    assert 'Speed' not in run_report(d1, d2).stdout  # only when asked

@@ -289,6 +289,12 @@ if os.path.isfile(meta_path):
         die(f"{meta_path} says vocab_size {meta_vocab}, more than the model's vocab_size {vocab_size}")
 
 
+# the loss as the author computed it on GPUs, full (B, T, vocab) logits and F.cross_entropy, which torch.compile
+# fuses; on CPU, the chunked cross-entropy: the same value, without the logits in memory (bench.py: faster there).
+# On an H100 the chunked one's ~60 small chunks a micro-step left the GPU waiting on Python (README, "On a GPU").
+full_logits = device_type != 'cpu'
+
+
 def get_batch(data, ix):
     # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
     rows = torch.from_numpy(data[ix[:, None] + np.arange(context_size + 1)].astype(np.int64))  # (B, T+1)
@@ -389,7 +395,7 @@ if compile:
         # killing the run, and compile time stays out of the step timings
         X, Y = get_batch(train_data, est_offsets(0, train_data)[0])
         with autocast:
-            _, loss = model(X, Y, return_logits=False)
+            _, loss = model(X, Y, return_logits=full_logits)
         scaler.scale(loss).backward()
         optimizer.zero_grad(set_to_none=True)
         if master:
@@ -426,7 +432,7 @@ def estimate_loss():
         for k in range(est_steps):
             X, Y = get_batch(data, offsets[k])
             with autocast:
-                _, loss = eval_model(X, Y, return_logits=False)
+                _, loss = eval_model(X, Y, return_logits=full_logits)
             losses[k] = loss.float()
         out[split] = losses.mean().item()
     eval_model.train()
@@ -476,6 +482,10 @@ def last_saved():
     return f"the last checkpoint, {os.path.join(out_dir, 'ckpt_last.pt')}, is from step {saved_step}"
 
 
+def peak_gpu_memory_mib():  # the most memory this process's tensors have held on its GPU (None on CPU)
+    return round(torch.cuda.max_memory_allocated(device) / 2 ** 20) if device_type == 'cuda' else None
+
+
 def write_summary(status, step, last_est):
     summary = {
         'status': status, 'step': step, 'train_steps': train_steps,
@@ -485,7 +495,8 @@ def write_summary(status, step, last_est):
         'train_tokens': len(train_data), 'epochs': round(epochs(step), 4),
         'wall_time_s': round(elapsed(), 1), 'world_size': world_size, 'device': device,
         'dtype': dtype, 'compiled': eval_model is not raw_model, 'torch': torch.__version__,
-        'config': run_config,
+        'gpu': torch.cuda.get_device_name(device) if device_type == 'cuda' else None,
+        'peak_gpu_memory_mib': peak_gpu_memory_mib(), 'config': run_config,
     }
     try:
         checkpoint.atomic_write(os.path.join(out_dir, 'summary.json'),
@@ -587,7 +598,7 @@ while True:
         sync = model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext()
         with sync:
             with autocast:
-                _, loss = model(X, Y, return_logits=False)
+                _, loss = model(X, Y, return_logits=full_logits)
             scaler.scale(loss / micro_steps).backward()
         stats[0] += loss.detach().float()
         stats[1] += raw_model.last_ce.float()
@@ -640,8 +651,9 @@ while True:
                   f"the whole run ~{duration(elapsed() + rest)}", flush=True)
 
 if master:
+    mem_txt = f", peak GPU memory {peak_gpu_memory_mib():,} MiB" if device_type == 'cuda' else ""
     print(f"done: {step} steps, {step * tokens_per_step:,} tokens, best val loss {best_val_loss:.4f}, "
-          f"{elapsed():.0f} s; checkpoints in {out_dir}", flush=True)
+          f"{elapsed():.0f} s{mem_txt}; checkpoints in {out_dir}", flush=True)
     log_file.close()
 if ddp:
     dist.barrier()  # rank 0 may still be estimating and saving: tearing gloo down under it aborts
