@@ -44,6 +44,7 @@ JOBS=${JOBS:-2}
 export OMP_NUM_THREADS=1
 RUNS=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3
       aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec)
+# (the runs are launched in another order, below: the two runs of issue 11 before the author's last five)
 
 echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
 [ -n "${REPORT_ONLY:-}" ] || python prepare.py  # data/wikipedia/{train,val}.bin; nothing to do when up to date
@@ -133,14 +134,14 @@ launch aed_mse_possub_seed2 cpu_aed_mse_possub --seed=2
 launch baseline_seed3 cpu_baseline --seed=3
 launch aed_mse_possub_seed3 cpu_aed_mse_possub --seed=3
 launch aed_mse cpu_aed_mse
+# the author's "next steps" (issue 11): positional subtraction on the GPT, and 3 encoder + 1 decoder blocks
+launch gpt_possub cpu_baseline --sub_pos_embed_to_decoder=YES_NO_LN
+launch aed_3enc_1dec cpu_aed_mse_possub --n_layer=3 --n_decoder_layer=1
 launch aed_plain cpu_aed_plain
 launch aed_possub cpu_aed_possub
 launch aed_cosine cpu_aed_cosine
 launch baseline_small cpu_baseline_small
 launch baseline_dropout cpu_baseline_dropout
-# the author's "next steps" (issue 11): positional subtraction on the GPT, and 3 encoder + 1 decoder blocks
-launch gpt_possub cpu_baseline --sub_pos_embed_to_decoder=YES_NO_LN
-launch aed_3enc_1dec cpu_aed_mse_possub --n_layer=3 --n_decoder_layer=1
 while [ -n "$(jobs -rp)" ]; do
     wait -n || true
     report
