@@ -16,8 +16,8 @@ final and of the best val loss. Uses only the standard library.
 """
 import json
 import math
-import statistics
 import os
+import statistics
 import sys
 from xml.sax.saxutils import escape
 
@@ -177,11 +177,14 @@ def speed_table(runs):
              "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         t = r['timed']
-        med = (lambda key: statistics.median(x[key] for x in t)) if t else None
-        mfu = f"{100 * med('mfu'):.1f}%" if t and all(x.get('mfu') is not None for x in t) else "N/A"
+
+        def median(key):
+            return statistics.median(x[key] for x in t)
+        ms_tok = f"{median('ms'):,.0f} | {median('tok_s'):,.0f}" if t else "N/A | N/A"
+        mfu = f"{100 * median('mfu'):.1f}%" if t and all(x.get('mfu') is not None for x in t) else "N/A"
         peak = f"{r['peak_mib']:,} MiB" if r['peak_mib'] is not None else "N/A"
         lines.append(f"| {r['name']} | {r['hardware']} | {r['dtype']} | {'yes' if r['compiled'] else 'no'} | {len(t)} | "
-                     + (f"{med('ms'):,.0f} | {med('tok_s'):,.0f} | " if t else "N/A | N/A | ") + f"{mfu} | {peak} |")
+                     f"{ms_tok} | {mfu} | {peak} |")
     return lines
 
 

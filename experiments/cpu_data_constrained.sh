@@ -18,8 +18,8 @@
 # 14 runs (the key pair with 3 seeds each, the author's other six once, and the two "next steps" runs of
 # issue 11), two at a time with one thread each (JOBS=2): one thread makes a run's numbers independent of
 # the machine's core count and load (a 2-thread run on a busy machine also slows 3-10x), and two jobs keep
-# both cores busy. Measured on an idle 2-core VM (AMD EPYC): 0.80-0.83 s a step for each of two runs side
-# by side, about 30 min a run, so about 3.5 hours for all 14.
+# both cores busy. Measured on idle 2-core VMs (AMD EPYC): 0.80-1.2 s a step for each of two runs side
+# by side (it varied between sessions), 32-45 min a run, so 3.5-5 hours for all 14.
 #
 # $ bash experiments/cpu_data_constrained.sh     (from anywhere; resumable: run it again after a stop)
 # $ REPORT_ONLY=1 bash experiments/cpu_data_constrained.sh   (only the tables and charts, from what is finished)

@@ -33,14 +33,17 @@ declare -A RUN=(
     [aed_cosine]="config/aed_cosine.py" [baseline_small]="config/baseline_small.py"
     [baseline_dropout]="config/baseline_dropout.py"
 )
-ORDER=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3
-       aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout)
+ALL=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3
+     aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout)
+ORDER=("${ALL[@]}")
 [ $# -gt 0 ] && ORDER=("$@")
+for name in "${ORDER[@]}"; do
+    [ -n "${RUN[$name]:-}" ] || { echo "error: unknown run '$name' (one of: ${ALL[*]})" >&2; exit 2; }
+done
 
 report() {
     local done=() r
-    for r in baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3 \
-             aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout; do
+    for r in "${ALL[@]}"; do
         if grep -qs '"status": "finished"' "$RES/$r/summary.json"; then done+=("$RES/$r"); fi
     done
     [ ${#done[@]} -gt 0 ] || return 0
@@ -58,11 +61,10 @@ report() {
 }
 if [ -n "${REPORT_ONLY:-}" ]; then report; exit 0; fi
 
-python -c 'import torch; print("===", torch.cuda.get_device_name(0), "| torch", torch.__version__)'
+python -c 'import sys, torch; torch.cuda.is_available() or sys.exit("error: no CUDA GPU here (this script runs the author'"'"'s 16M-parameter configs; the CPU ones are cpu_data_constrained.sh)"); print("===", torch.cuda.get_device_name(0), "| torch", torch.__version__)'
 [ -f data/wikipedia/train.bin ] || python prepare.py
 mkdir -p "$RUNS" "$RES"
 for name in "${ORDER[@]}"; do
-    [ -n "${RUN[$name]:-}" ] || { echo "unknown run: $name (one of: ${!RUN[*]})"; exit 2; }
     res=$RES/$name out=$RUNS/$name
     if grep -qs '"status": "finished"' "$res/summary.json"; then echo "=== $name: finished (in $res), skipped"; continue; fi
     # shellcheck disable=SC2206  # the config file and its flags, split on spaces
