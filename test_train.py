@@ -404,6 +404,12 @@ def test_train_kill_resume_sample(tmp_path):
     assert load_ckpt(killed)['step'] == 42
     p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--n_embed=32')
     assert_one_line_error(p, 'cannot change n_embed when resuming')
+    # the same model spelt out is no change: n_decoder_layer None means n_layer (1 here); 2 is another model
+    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--n_decoder_layer=2')
+    assert_one_line_error(p, 'cannot change n_decoder_layer when resuming: the checkpoint has None')
+    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--train_steps=43', '--n_decoder_layer=1')
+    assert p.returncode == 0, p.stderr
+    assert load_ckpt(killed)['step'] == 43
 
     # sample from it, without the KV cache, with it, and with it and the compiled one-token step
     prompt = tmp_path / 'prompt.txt'

@@ -101,9 +101,14 @@ if config['init_from'] == 'resume':
         config = load_config(DEFAULTS, sys.argv[1:], base={**DEFAULTS, **saved})
     except (CheckpointError, ConfigError) as e:
         die(e)
+    had = {k: saved.get(k, DEFAULTS[k]) for k in MODEL_KEYS}
+    try:  # compare the models, not the spelling: n_decoder_layer=None and =n_layer are the same model
+        same = ModelConfig(**had) == ModelConfig(**{k: config[k] for k in MODEL_KEYS})
+    except (ValueError, TypeError):
+        same = False  # a value the model refuses: the check below names the key
     for k in MODEL_KEYS:
-        if config[k] != saved.get(k, DEFAULTS[k]):
-            die(f"cannot change {k} when resuming: the checkpoint has {saved.get(k)!r}, this run asks for {config[k]!r}")
+        if config[k] != had[k] and not same:
+            die(f"cannot change {k} when resuming: the checkpoint has {had[k]!r}, this run asks for {config[k]!r}")
     config['init_from'], config['out_dir'] = 'resume', os.path.dirname(ckpt_path)  # even if the folder moved
 globals().update(config)
 
