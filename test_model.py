@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import model as model_module
+from configurator import load_config
+from conftest import train_defaults
 from model import ModelConfig, build_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -214,18 +216,9 @@ def grads(model):
 
 
 def load_config_file(name, **overrides):
-    """A config/*.py file (`key = value` lines, include('other.py') as configurator.py reads it) -> ModelConfig of
-    its model keys, then overrides."""
-    path = os.path.join(HERE, "config", name)
-    assert os.path.exists(path), f"{path} does not exist"
-
-    def include(other):  # the other file's keys, set at this point
-        with open(os.path.join(HERE, "config", other)) as f:
-            exec(f.read(), ns)
-    ns = {"include": include}
-    with open(path) as f:
-        exec(f.read(), ns)
-    return ModelConfig(**{**{k: v for k, v in ns.items() if k in MODEL_KEYS}, **overrides})
+    """A config/*.py file, read as train.py reads it -> ModelConfig of its model keys, then overrides."""
+    c = load_config(train_defaults(), [os.path.join(HERE, "config", name)])
+    return ModelConfig(**{**{k: c[k] for k in MODEL_KEYS}, **overrides})
 
 
 _full_models = {}

@@ -188,14 +188,9 @@ SIZE_KEYS = {'n_embed', 'n_layer', 'n_head', 'cross_attn_n_head', 'context_size'
 
 
 def load_configs(prefix):
-    # train.py's defaults, without running it: exec the block between its first two '# ---' lines
-    import dataclasses
-    from configurator import collect_defaults, load_config
-    from model import ModelConfig
-    head = open(os.path.join(ROOT, 'train.py')).read().split('\n# ' + '-' * 77 + '\n')[1]
-    ns = {'dataclasses': dataclasses, 'ModelConfig': ModelConfig, 'collect_defaults': collect_defaults}
-    exec(head, ns)
-    return {r: load_config(ns['DEFAULTS'], [os.path.join(ROOT, 'config', f'{prefix}{r}.py')]) for r in RUNS}
+    from configurator import load_config
+    from conftest import train_defaults
+    return {r: load_config(train_defaults(), [os.path.join(ROOT, 'config', f'{prefix}{r}.py')]) for r in RUNS}
 
 
 def test_cpu_configs_mirror_the_author():

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 from configurator import ConfigError, collect_defaults, load_config
+from conftest import train_defaults
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
@@ -143,7 +144,7 @@ def test_help(script, sources, line):
         if key in comments:
             assert shown.endswith('# ' + comments[key]), shown
     if script == 'train.py':
-        assert keys == list(script_defaults())
+        assert keys == list(train_defaults())
         assert re.search(r'^  n_layer = 13 .*# AED: n_layer encoder blocks', p.stdout, re.M)  # from model.py
 
 
@@ -156,7 +157,7 @@ def test_every_config_file_loads():
     # each shipped config names only known keys with the right types, and builds a valid ModelConfig
     import dataclasses
     from model import ModelConfig
-    defaults = script_defaults()
+    defaults = train_defaults()
     for name in sorted(os.listdir(os.path.join(ROOT, 'config'))):
         if name.endswith('.py'):
             c = load_config(defaults, [os.path.join(ROOT, 'config', name)])
@@ -219,7 +220,7 @@ START_CONFIGS = {
 def test_config_files_load_the_values_they_always_had():
     """Cutting the config files down to what they change (and letting the CPU ones include() shared files)
     changed no value of any run: each loads exactly as on commit 5f7bed1 (types included: 1.0 is not 1)."""
-    defaults = script_defaults()
+    defaults = train_defaults()
     for name, changes in START_CONFIGS.items():
         loaded = load_config(defaults, [os.path.join(ROOT, 'config', name + '.py')])
         for key, value in {**START_DEFAULTS, **changes}.items():
@@ -230,7 +231,7 @@ def test_config_files_state_only_what_they_change():
     """No config file sets a key to train.py's default (arch aside, which says which model it is), and no CPU
     run repeats a key of config/cpu_common.py, which they all include."""
     from configurator import read_config_file
-    defaults = script_defaults()
+    defaults = train_defaults()
     config_dir = os.path.join(ROOT, 'config')
     for name in sorted(os.listdir(config_dir)):
         values = read_config_file(os.path.join(config_dir, name), defaults)
@@ -244,21 +245,10 @@ def test_config_files_state_only_what_they_change():
             assert not set(own) & set(common), (name, set(own) & set(common))
 
 
-def script_defaults():
-    # train.py's DEFAULTS, without running it: exec the block between its first two '# ---' lines
-    import dataclasses
-    from model import ModelConfig
-    src = open(os.path.join(ROOT, 'train.py')).read()
-    head = src.split('\n# ' + '-' * 77 + '\n')[1]
-    ns = {'dataclasses': dataclasses, 'ModelConfig': ModelConfig, 'collect_defaults': collect_defaults}
-    exec(head, ns)
-    return ns['DEFAULTS']
-
-
 def test_author_configs_param_counts():
     from model import ModelConfig, build_model
     import dataclasses
-    defaults = script_defaults()
+    defaults = train_defaults()
     expect = {'aed_mse_possub': 15_763_500, 'baseline': 16_036_800, 'baseline_small': 15_441_192,
               'baseline_dropout': 16_036_800}
     for name, n in expect.items():
