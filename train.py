@@ -164,6 +164,8 @@ def interrupted(signum, frame):
     # Ctrl-C or SIGTERM: stop now, without saving (a save under way finishes first). Every file is written
     # atomically, so this is as safe as a kill -9 at any moment; a save here could not be (the signal may land
     # in the middle of an optimizer step)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the first signal decides: more of them (a kill that reaches a
+        signal.signal(sig, signal.SIG_IGN)       # script and its job) must not break the exit with a traceback
     name = signal.Signals(signum).name
     if 'step' not in globals():  # the training loop has not started
         die(f"interrupted by {name} before the first step", 128 + signum)

@@ -66,7 +66,12 @@ run() {  # run <run name> <config name> [extra train.py args...]
     fi
     echo "=== $(date -u +%H:%M:%S) start: ${args[*]}"
     mkdir -p "$OUT"
-    if ! python train.py "${args[@]}" >> "$out.log" 2>&1; then
+    # in the background and waited for, so that a kill of this job (`pkill -f` matches it as well as the
+    # script) reaches train.py, which stops cleanly, instead of leaving it running on its own
+    python train.py "${args[@]}" >> "$out.log" 2>&1 &
+    local pid=$!
+    trap 'kill -TERM $pid 2>/dev/null; wait $pid; exit 143' TERM
+    if ! wait $pid; then
         echo "=== $name failed: the end of $out.log:"; tail -n 5 "$out.log"; return 1
     fi
     grep -q '"status": "finished"' "$out/summary.json"

@@ -29,8 +29,13 @@ run() {  # run <run name> <config name> [extra train.py args...]
         set -- "$@" --overwrite=True  # killed before its first checkpoint: nothing to resume, start it over
     fi
     echo "=== $config $* -> $out  ($(date -u +%H:%M:%S))"
-    python train.py "$config" "$@" --out_dir="$out"
+    python train.py "$config" "$@" --out_dir="$out" &
+    pid=$!
+    wait $pid
 }
+# a kill of this script (or Ctrl-C) stops the run in progress too, cleanly, instead of leaving it running
+pid=
+trap '[ -z "$pid" ] || { kill -TERM $pid 2>/dev/null; wait $pid; }; exit 130' INT TERM
 
 start=$(date +%s)
 run aed_cosine cpu_aed_cosine
