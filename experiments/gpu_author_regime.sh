@@ -64,6 +64,8 @@ if [ -n "${REPORT_ONLY:-}" ]; then report; exit 0; fi
 python -c 'import sys, torch; torch.cuda.is_available() or sys.exit("error: no CUDA GPU here (this script runs the author'"'"'s 16M-parameter configs; the CPU ones are cpu_data_constrained.sh)"); print("===", torch.cuda.get_device_name(0), "| torch", torch.__version__)'
 [ -f data/wikipedia/train.bin ] || python prepare.py
 mkdir -p "$RUNS" "$RES"
+pid=
+trap '[ -z "$pid" ] || { kill -TERM $pid 2>/dev/null; wait $pid; }; exit 130' INT TERM
 for name in "${ORDER[@]}"; do
     res=$RES/$name out=$RUNS/$name
     if grep -qs '"status": "finished"' "$res/summary.json"; then echo "=== $name: finished (in $res), skipped"; continue; fi
@@ -71,7 +73,10 @@ for name in "${ORDER[@]}"; do
     args=(${RUN[$name]} --train_steps=$STEPS --warmup_iters=7 --lr_decay_iters=17111 --est_interval=20
           --log_interval=20 --out_dir=$out --overwrite=True)
     echo "=== $(date -u +%H:%M:%S) start: ${args[*]}"
-    python train.py "${args[@]}" 2>&1 | tee "$out.log" || { echo "=== $name failed"; exit 1; }
+    # in the background and waited for, so that a kill of this script (or Ctrl-C) reaches train.py too
+    python train.py "${args[@]}" > >(tee "$out.log") 2>&1 &
+    pid=$!
+    wait $pid || { echo "=== $name failed"; exit 1; }
     grep -q '"status": "finished"' "$out/summary.json"
     mkdir -p "$res"
     cp "$out/log.jsonl" "$res/log.jsonl.tmp" && mv "$res/log.jsonl.tmp" "$res/log.jsonl"
