@@ -3,7 +3,8 @@
 # (aed_mse_possub vs baseline) and the two "next steps" runs of issue 11, then the results table and chart
 # (experiments/results.{md,svg}).
 #
-# $ bash experiments/cpu_runs.sh          (from anywhere; 53 min for the first ten runs on an idle 2-core CPU VM)
+# $ bash experiments/cpu_runs.sh          (from anywhere; 53 min for the first ten runs on an idle 2-core CPU VM,
+#                                          93 min for all twelve on a slower day)
 #
 # Runs go to out-cpu-experiment/<run>, not to the configs' own out dirs, so a preset run by hand
 # (python train.py config/cpu_baseline.py) never mixes with these. After an interruption the same
