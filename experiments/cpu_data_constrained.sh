@@ -43,7 +43,9 @@ EST_INTERVAL=${EST_INTERVAL:-100}
 JOBS=${JOBS:-2}
 export OMP_NUM_THREADS=1
 RUNS=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3
-      aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec)
+      aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec
+      baseline_dropout_seed2 baseline_dropout_seed3
+      aed_mse_possub_dropout aed_mse_possub_dropout_seed2 aed_mse_possub_dropout_seed3)
 # (the runs are launched in another order, below: the two runs of issue 11 before the author's last five)
 
 echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
@@ -147,6 +149,12 @@ launch aed_possub cpu_aed_possub
 launch aed_cosine cpu_aed_cosine
 launch baseline_small cpu_baseline_small
 launch baseline_dropout cpu_baseline_dropout
+# regularised: the GPT with dropout 0.2 (the lowest single run above) against the key AED config with it
+launch baseline_dropout_seed2 cpu_baseline_dropout --seed=2
+launch baseline_dropout_seed3 cpu_baseline_dropout --seed=3
+launch aed_mse_possub_dropout cpu_aed_mse_possub --dropout_rate=0.2
+launch aed_mse_possub_dropout_seed2 cpu_aed_mse_possub --dropout_rate=0.2 --seed=2
+launch aed_mse_possub_dropout_seed3 cpu_aed_mse_possub --dropout_rate=0.2 --seed=3
 while [ -n "$(jobs -rp)" ]; do
     wait -n || true
     report
