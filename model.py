@@ -45,6 +45,7 @@ EMBEDDING_LOSS_DEFAULTS = {
     "embedding_ln_type": "INIT",
     "use_ln_on_encoder_out": True,
     "embedding_agg_type": "MEAN",
+    "embedding_ln_affine": True,
 }
 
 
@@ -73,6 +74,9 @@ class ModelConfig:
     embedding_ln_type: typing.Optional[str] = None  # INIT | AVG_CUM_SUM | NONE
     use_ln_on_encoder_out: typing.Optional[bool] = None  # LayerNorm enc in the embedding loss
     embedding_agg_type: typing.Optional[str] = None  # MEAN (cumulative mean) | LEARNED (learned causal weighting)
+    # False: the loss's LayerNorms have no learned weight and bias, so the loss cannot reach 0 by shrinking
+    # their weights and matching their biases (the way the author's loss collapses)
+    embedding_ln_affine: typing.Optional[bool] = None
 
     def __post_init__(self):
         for f in fields(self):
@@ -240,8 +244,9 @@ class Transformer(nn.Module):
         self.ln_post = nn.LayerNorm(C, bias=c.use_bias) if c.sub_pos_embed_to_decoder == "YES_LN" else None
         if aed:
             on = c.embedding_loss_type != "NONE"  # the loss's LayerNorms always have a bias; no loss, no LayerNorms
-            self.ln_a = nn.LayerNorm(C) if on and c.embedding_ln_type != "NONE" else None
-            self.ln_b = nn.LayerNorm(C) if on and c.use_ln_on_encoder_out else None
+            affine = bool(c.embedding_ln_affine)
+            self.ln_a = nn.LayerNorm(C, elementwise_affine=affine) if on and c.embedding_ln_type != "NONE" else None
+            self.ln_b = nn.LayerNorm(C, elementwise_affine=affine) if on and c.use_ln_on_encoder_out else None
             if c.embedding_agg_type == "LEARNED":
                 # W[t, s] for s <= t only, packed row by row: (0,0), (1,0), (1,1), (2,0), ... There is no entry
                 # for s > t at all, so position t mixes E'[0..t] whatever values training gives the weights.
@@ -319,19 +324,58 @@ class Transformer(nn.Module):
             enc = enc.detach()
         elif c.detach_type == "EMBEDDING":
             E = E.detach()
+        return self.embedding_distance(*self.embedding_pair(E, enc))
+
+    def embedding_pair(self, E, enc, affine=True):
+        """The two sides of the embedding loss, (avg, target), each (B, T, C); affine=False leaves out the loss
+        LayerNorms' learned weights and biases (for embedding_loss_diagnostics)."""
+        c = self.config
+        def ln(m, x):
+            return m(x) if affine else F.layer_norm(x, x.shape[-1:], eps=m.eps)
         if self.ln_b is not None:
-            enc = self.ln_b(enc)
+            enc = ln(self.ln_b, enc)
         if c.embedding_ln_type == "INIT":  # normalizing before averaging lets the model weight positions unevenly
-            E = self.ln_a(E)
+            E = ln(self.ln_a, E)
         avg = self.aggregate(E)  # (B, T, C)
         if c.embedding_ln_type == "AVG_CUM_SUM":
-            avg = self.ln_a(avg)
-        if c.embedding_loss_type == "MSE":
-            return F.mse_loss(avg, enc)
-        cos = F.cosine_similarity(avg, enc, dim=-1)  # (B, T)
-        if c.embedding_loss_type == "COSINE":
+            avg = ln(self.ln_a, avg)
+        return avg, enc
+
+    def embedding_distance(self, avg, target):
+        if self.config.embedding_loss_type == "MSE":
+            return F.mse_loss(avg, target)
+        cos = F.cosine_similarity(avg, target, dim=-1)  # (B, T)
+        if self.config.embedding_loss_type == "COSINE":
             return (1 - (cos + 1) / 2).mean()
         return -torch.log((cos + 1) / 2).mean()  # LOG_COSINE
+
+    @torch.no_grad()
+    def embedding_loss_diagnostics(self, idx):
+        """What tells an embedding loss that teaches the embeddings from one that collapsed, on tokens idx (B, T)
+        without dropout: the loss; the loss without the LayerNorms' learned weights and biases; the RMS of
+        each LayerNorm's weight (1 at init) and of the gap between their biases (if both weights shrink to 0,
+        the loss tends to the gap's square: a constant matches a constant); the spread of each side over the
+        B * T positions (0: a constant); the mean cosine between the two sides without the affine parts."""
+        was_training = self.training
+        self.eval()
+        _, E, enc = self.hidden_states(idx)
+        self.train(was_training)
+        E, enc = E.float(), enc.float()
+        avg, target = self.embedding_pair(E, enc)
+        avg0, target0 = self.embedding_pair(E, enc, affine=False)
+        rms = lambda x: x.float().pow(2).mean().sqrt().item()  # noqa: E731
+        spread = lambda x: x.reshape(-1, x.size(-1)).std(dim=0).mean().item()  # noqa: E731
+        ln_a, ln_b = self.ln_a, self.ln_b
+        has_a, has_b = ln_a is not None and ln_a.weight is not None, ln_b is not None and ln_b.weight is not None
+        return {
+            "loss": self.embedding_distance(avg, target).item(),
+            "loss_no_affine": self.embedding_distance(avg0, target0).item(),
+            "ln_a_weight_rms": rms(ln_a.weight) if has_a else None,
+            "ln_b_weight_rms": rms(ln_b.weight) if has_b else None,
+            "ln_bias_gap_rms": rms(ln_a.bias - ln_b.bias) if has_a and has_b else None,
+            "avg_spread": spread(avg), "target_spread": spread(target),
+            "cos_no_affine": F.cosine_similarity(avg0, target0, dim=-1).mean().item(),
+        }
 
     def aggregate(self, E):
         """avg[t] from E (B, T, C): the cumulative mean (E[0] + ... + E[t]) / (t + 1) for MEAN, sum over s <= t of

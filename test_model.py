@@ -458,6 +458,55 @@ def test_embedding_loss_layernorms_exist_only_when_used():
     assert "ln_b" not in names(tiny(embedding_loss_type="MSE", use_ln_on_encoder_out=False))
 
 
+def test_embedding_loss_diagnostics_tell_a_collapse():
+    """At init the loss LayerNorms' affine parts are the identity: the diagnostics' loss equals the training
+    loss and its no-affine twin. Collapsed by hand (both weights 0, biases equal) the loss is 0 and the target
+    a constant, while the no-affine loss, which only the embeddings can lower, has not moved."""
+    cfg = tiny(context_size=8, embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_NO_LN")
+    m = build_model(cfg)
+    idx = torch.randint(0, 64, (3, 8))
+    d = m.embedding_loss_diagnostics(idx)
+    m.train()
+    m(idx, idx)
+    assert d["loss"] == pytest.approx(m.last_embedding_loss.item(), rel=1e-6)
+    assert d["loss_no_affine"] == pytest.approx(d["loss"], rel=1e-6)
+    assert d["ln_a_weight_rms"] == d["ln_b_weight_rms"] == 1.0 and d["ln_bias_gap_rms"] == 0.0
+    with torch.no_grad():
+        m.ln_a.weight.zero_(), m.ln_b.weight.zero_(), m.ln_a.bias.fill_(0.3), m.ln_b.bias.fill_(0.3)
+    collapsed = m.embedding_loss_diagnostics(idx)
+    assert collapsed["loss"] == 0.0 and collapsed["target_spread"] == 0.0 and collapsed["avg_spread"] == 0.0
+    assert collapsed["loss_no_affine"] == pytest.approx(d["loss_no_affine"], rel=1e-6)
+
+
+def embedding_loss_after_training(affine, steps=60):
+    torch.manual_seed(0)
+    cfg = tiny(n_layer=1, n_head=2, embedding_loss_type="MSE", embedding_loss_coeff=8.0,
+               sub_pos_embed_to_decoder="YES_NO_LN", embedding_ln_affine=affine)
+    m = build_model(cfg)
+    opt = m.configure_optimizers(0.1, 2e-2, (0.9, 0.95), "cpu")
+    x = torch.randint(0, 64, (8, 17), generator=torch.Generator().manual_seed(1))
+    X, Y = x[:, :-1].contiguous(), x[:, 1:].contiguous()
+    for _ in range(steps):
+        m(X, Y, return_logits=False)[1].backward()
+        opt.step()
+        opt.zero_grad()
+    return m.embedding_loss_diagnostics(X)
+
+
+def test_embedding_loss_collapses_through_the_layernorms_unless_they_are_fixed():
+    """The author's loss (learned LayerNorm weights and biases) falls ten times lower than what the embeddings
+    achieved (its no-affine twin) by shrinking the LayerNorm weights; with embedding_ln_affine=False there is
+    no such way, the loss LayerNorms have no parameters, and the loss stays where the embeddings put it."""
+    learned = embedding_loss_after_training(True)
+    assert learned["loss"] < 0.2 * learned["loss_no_affine"] and learned["ln_b_weight_rms"] < 0.5
+    fixed = embedding_loss_after_training(False)
+    assert fixed["loss"] == fixed["loss_no_affine"] > 0.3 and fixed["ln_a_weight_rms"] is None
+    cfg = tiny(embedding_loss_type="MSE")
+    fixed_cfg = tiny(embedding_loss_type="MSE", embedding_ln_affine=False)
+    assert build_model(cfg).get_num_params() - build_model(fixed_cfg).get_num_params() == 4 * cfg.n_embed
+    assert cfg.embedding_ln_affine is True  # the author's loss is the default
+
+
 @pytest.mark.parametrize("T", [12, 7])
 def test_learned_aggregation_equals_mean_at_init(T):
     """embedding_agg_type=LEARNED starts as the cumulative mean (W[t, s] = 1 / (t + 1) for s <= t): at init its

@@ -359,6 +359,8 @@ def test_train_kill_resume_sample(tmp_path):
     assert [r['step'] for r in ests] == [0, 10, 20, 30, 40]
     assert all(r['emb'] is not None and r['ce'] > 0 and r['loss'] > r['ce'] for r in steps)
     assert ests[-1]['val'] < ests[0]['val'] - 1.0  # it learns
+    # the embedding loss's diagnostics at every estimate (docs/model.md, Embedding loss)
+    assert all(math.isfinite(r['emb_diag']['loss_no_affine']) and r['emb_diag']['ln_a_weight_rms'] > 0 for r in ests)
     summary = json.load(open(os.path.join(full, 'summary.json')))
     assert summary['status'] == 'finished' and summary['step'] == 40
     assert summary['tokens_seen'] == 40 * 4 * 2 * 16 and summary['params'] > 0

@@ -578,9 +578,14 @@ while True:
             best_step = step if improved else best_step
             print(f"step {step}: train loss {last_est['train']:.4f}, val loss {last_est['val']:.4f}"
                   f"{' (best)' if improved else ''} [{time.time() - t0:.1f} s]", flush=True)
-            log_record({'type': 'est', 'step': step, 'train': last_est['train'], 'val': last_est['val'],
-                        'best_val': best_val_loss, 'tokens': step * tokens_per_step, 'epochs': epochs(step),
-                        'time': round(elapsed(), 2)})
+            rec = {'type': 'est', 'step': step, 'train': last_est['train'], 'val': last_est['val'],
+                   'best_val': best_val_loss, 'tokens': step * tokens_per_step, 'epochs': epochs(step),
+                   'time': round(elapsed(), 2)}
+            if model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE':
+                # on one fixed training batch (no RNG drawn: the run stays what it was): is the loss still teaching?
+                X, _ = get_batch(train_data, est_offsets(0, train_data)[0])
+                rec['emb_diag'] = raw_model.embedding_loss_diagnostics(X)
+            log_record(rec)
             if wandb_log:
                 wandb.log({'step': step, 'est/train': last_est['train'], 'est/val': last_est['val']})
             save_checkpoint(step, also_best=improved)
