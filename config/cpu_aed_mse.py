@@ -1,4 +1,4 @@
-# CPU version of the author's run aed_mse (config/aed_mse.py, SPEC section 4):
+# CPU version of the author's run aed_mse (config/aed_mse.py; docs/model.md, The author's runs):
 # AED with the MSE embedding loss (coefficient 1), no positional subtraction.
 # The author's run, 9000 steps on one A100: train 2.998, val 3.385.
 # $ python train.py config/cpu_aed_mse.py    (all eight CPU runs: bash experiments/cpu_runs.sh)

@@ -1,4 +1,4 @@
-# CPU version of the author's run aed_plain (config/aed_plain.py, SPEC section 4):
+# CPU version of the author's run aed_plain (config/aed_plain.py; docs/model.md, The author's runs):
 # AED with no embedding loss and no positional subtraction.
 # The author's run, 9000 steps on one A100: train 3.043, val 3.413.
 # $ python train.py config/cpu_aed_plain.py    (all eight CPU runs: bash experiments/cpu_runs.sh)

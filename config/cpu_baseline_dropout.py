@@ -1,4 +1,4 @@
-# CPU version of the author's run baseline_dropout (config/baseline_dropout.py, SPEC section 4):
+# CPU version of the author's run baseline_dropout (config/baseline_dropout.py; docs/model.md, The author's runs):
 # The GPT baseline with dropout 0.2 (otherwise cpu_baseline).
 # The author's run, 9000 steps on one A100: train 3.174, val 3.406 (16,036,800 params).
 # $ python train.py config/cpu_baseline_dropout.py    (all eight CPU runs: bash experiments/cpu_runs.sh)

@@ -1,4 +1,4 @@
-# CPU version of the author's run baseline_small (config/baseline_small.py, SPEC section 4):
+# CPU version of the author's run baseline_small (config/baseline_small.py; docs/model.md, The author's runs):
 # The smaller GPT baseline, with fewer params than cpu_aed_mse_possub: the author's went from
 # width 160 to 156 and from 10 to 12 heads; this one goes from 98 to 96, from 7 to 8 heads.
 # The author's run, 9000 steps on one A100: train 2.958, val 3.416 (15,441,192 params).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The author's eight runs (SPEC section 4) at CPU scale, plus a second seed of the key pair
-# (aed_mse_possub vs baseline) and the two "next steps" runs of issue 11, then the results table and chart
-# (experiments/results.{md,svg}).
+# The author's eight runs (docs/model.md, The author's runs) at CPU scale, plus a second seed of the key pair
+# (aed_mse_possub vs baseline) and the two "next steps" runs (docs/model.md, Beyond the author), then the
+# results table and chart (experiments/results.{md,svg}; the reading is in experiments/README.md).
 #
 # $ bash experiments/cpu_runs.sh          (from anywhere; 53 min for the first ten runs on an idle 2-core CPU VM,
 #                                          93 min for all twelve on a slower day)
@@ -50,7 +50,7 @@ run baseline_dropout cpu_baseline_dropout
 # the key pair again with another seed: another init, other batches and other estimate batches
 run aed_mse_possub_seed2 cpu_aed_mse_possub --seed=2
 run baseline_seed2 cpu_baseline --seed=2
-# the author's "next steps" (issue 11): positional subtraction on the GPT, and 3 encoder + 1 decoder blocks
+# the author's "next steps": positional subtraction on the GPT, and 3 encoder + 1 decoder blocks
 run gpt_possub cpu_baseline --sub_pos_embed_to_decoder=YES_NO_LN
 run aed_3enc_1dec cpu_aed_mse_possub --n_layer=3 --n_decoder_layer=1
 echo "=== all runs done in $(( ($(date +%s) - start) / 60 )) min"

@@ -6,7 +6,7 @@
 # the cosine's lr_decay_iters 700,000 -> 17,111, so the lr is flat after the warm-up as in the author's runs.
 # Every other key is the config file's (the author's): batch 50 x 16 sequences of 200 tokens, lr 9e-4, ...
 # Estimates every 20 steps (11 points, est_steps 200 as the author) show where val turns up.
-# Measured on one H100 (README, "On a GPU"): ~0.66 s a step for the baseline, ~0.79 s for the AED, so ~3 and
+# Measured on one H100 (docs/gpu.md): ~0.66 s a step for the baseline, ~0.79 s for the AED, so ~3 and
 # ~4 min a run with the estimates, plus compiling; the 12 runs take about 50 min. But the epochs are not the
 # regime: the baseline's 220-step run (experiments/gpu_h100_chunked_loss) ended at val 6.417, train 6.226,
 # val still falling. At 1/41 of the author's steps it has not overfit. Before trusting a comparison at 220
