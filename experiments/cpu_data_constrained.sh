@@ -1,35 +1,37 @@
 #!/usr/bin/env bash
-# The claim in its own regime: data-constrained, many epochs, several seeds (issue 10).
+# The claim in its own regime: data-constrained, many epochs, several seeds.
 #
 # The author's runs saw their 38.3M training tokens ~37 times and all of them overfit (train 2.94-3.17,
 # val 3.38-3.42); cpu_runs.sh sees each token 0.66 times and nothing overfits. Here the same CPU models
 # (config/cpu_*.py, ~5.3M parameters) train on the first TRAIN_TOKENS tokens of train.bin only, for
 # STEPS steps of 8 x 128 tokens: STEPS * 1024 / TRAIN_TOKENS epochs. Validation is the whole val.bin.
 #
-# Why these values. A short pilot (cpu_baseline on the first 100k and 250k tokens, stopped after 300 steps
-# on a shared machine) showed 100k overfitting within 3 epochs and 250k not yet; the baseline run of this
-# script then confirmed the choice: its val loss is lowest at 8.2 epochs and ends 0.30 higher, with train
-# loss 3.1 below val (README, Results).
+# Why these values. A short pilot (cpu_baseline on the first 100k and 250k tokens, stopped after 300 steps)
+# showed 100k overfitting within 3 epochs and 250k not yet; the baseline run of this script then confirmed
+# the choice: its val loss is lowest at 8.2 epochs and ends 0.30 higher, with train loss 3.1 below val
+# (experiments/README.md, Data-constrained, many epochs).
 #   TRAIN_TOKENS=100000  the baseline overfits as the author's did: train far below val (>= 0.3), and val
 #                        passes its minimum and turns up well before the end
 #   STEPS=2000           20.5 epochs (the author: ~37); the lr decays to min_lr at the last step, as in the
 #                        CPU presets
 #   EST_INTERVAL=100     21 estimates a run: enough points to see where val turns, for ~10% of the time
-# 14 runs (the key pair with 3 seeds each, the author's other six once, and the two "next steps" runs of
-# issue 11), two at a time with one thread each (JOBS=2): one thread makes a run's numbers independent of
-# the machine's core count and load (a 2-thread run on a busy machine also slows 3-10x), and two jobs keep
-# both cores busy. Measured on idle 2-core VMs (AMD EPYC): 0.80-1.2 s a step for each of two runs side
-# by side (it varied between sessions), 32-45 min a run, so 3.5-5 hours for all 14.
+# The runs (RUNS below): the key pair with 3 seeds each, the author's other six once, the author's two "next
+# steps" (positional subtraction on the GPT; 3 encoder + 1 decoder blocks), and the regularised study: the
+# GPT with dropout 0.2 and the key AED config with dropout 0.2 or with an embedding loss that cannot
+# collapse (embedding_ln_affine=False), 3 seeds each. Two at a time with one thread each (JOBS=2): one
+# thread makes a run's numbers independent of the machine's core count and load, and two jobs keep both
+# cores busy. On idle 2-core AMD EPYC VMs: 0.80-1.2 s a step for each of two runs side by side, 32-45 min
+# a run; on a machine that is also busy with other work, 2-3 times that.
 #
 # $ bash experiments/cpu_data_constrained.sh     (from anywhere; resumable: run it again after a stop)
 # $ REPORT_ONLY=1 bash experiments/cpu_data_constrained.sh   (only the tables and charts, from what is finished)
 #
-# Each run trains in out-cpu-dc/<run> (checkpoints: not in git; its output in out-cpu-dc/<run>.log). When it finishes, its summary.json and
-# log.jsonl (estimates, the start/resume records and the last step: not every step) are copied to
-# experiments/data_constrained/<run>/, which is committed; a run found there is skipped, so the
-# experiment continues across machines and sessions from what is in git. An interrupted run resumes from
-# its last checkpoint when out-cpu-dc/<run> still exists (train.py's resume is exact). After every run
-# the tables and charts are rewritten from the finished runs, with how many of the 14 that is.
+# Each run trains in out-cpu-dc/<run> (checkpoints: not in git; its output in out-cpu-dc/<run>.log). When it
+# finishes, its summary.json and log.jsonl (estimates, the start/resume records and the last step: not every
+# step) are copied to experiments/data_constrained/<run>/, which is committed; a run found there is skipped,
+# so the experiment continues on another machine from what is in git. An interrupted run resumes from its
+# last checkpoint when out-cpu-dc/<run> still exists (train.py's resume is exact). After every run the
+# tables and charts are rewritten from the finished runs, with how many of all the runs that is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # a smoke test may override these from the environment, and add train.py flags on the command line:
@@ -45,8 +47,9 @@ export OMP_NUM_THREADS=1
 RUNS=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3
       aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec
       baseline_dropout_seed2 baseline_dropout_seed3
+      aed_mse_possub_rerun aed_mse_possub_noaffine aed_mse_possub_noaffine_seed2 aed_mse_possub_noaffine_seed3
       aed_mse_possub_dropout aed_mse_possub_dropout_seed2 aed_mse_possub_dropout_seed3)
-# (the runs are launched in another order, below: the two runs of issue 11 before the author's last five)
+# (launched in another order, below)
 
 echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
 [ -n "${REPORT_ONLY:-}" ] || python prepare.py  # data/wikipedia/{train,val}.bin; nothing to do when up to date
@@ -141,7 +144,7 @@ launch aed_mse_possub_seed2 cpu_aed_mse_possub --seed=2
 launch baseline_seed3 cpu_baseline --seed=3
 launch aed_mse_possub_seed3 cpu_aed_mse_possub --seed=3
 launch aed_mse cpu_aed_mse
-# the author's "next steps" (issue 11): positional subtraction on the GPT, and 3 encoder + 1 decoder blocks
+# the author's "next steps": positional subtraction on the GPT, and 3 encoder + 1 decoder blocks
 launch gpt_possub cpu_baseline --sub_pos_embed_to_decoder=YES_NO_LN
 launch aed_3enc_1dec cpu_aed_mse_possub --n_layer=3 --n_decoder_layer=1
 launch aed_plain cpu_aed_plain
@@ -152,8 +155,14 @@ launch baseline_dropout cpu_baseline_dropout
 # regularised: the GPT with dropout 0.2 (the lowest single run above) against the key AED config with it
 launch baseline_dropout_seed2 cpu_baseline_dropout --seed=2
 launch baseline_dropout_seed3 cpu_baseline_dropout --seed=3
+# the embedding loss: the key config again (train.py now logs the loss's diagnostics at every estimate), and
+# with loss LayerNorms that have no learned weight and bias, so that the loss cannot collapse through them
+launch aed_mse_possub_rerun cpu_aed_mse_possub
+launch aed_mse_possub_noaffine cpu_aed_mse_possub --embedding_ln_affine=False
 launch aed_mse_possub_dropout cpu_aed_mse_possub --dropout_rate=0.2
+launch aed_mse_possub_noaffine_seed2 cpu_aed_mse_possub --embedding_ln_affine=False --seed=2
 launch aed_mse_possub_dropout_seed2 cpu_aed_mse_possub --dropout_rate=0.2 --seed=2
+launch aed_mse_possub_noaffine_seed3 cpu_aed_mse_possub --embedding_ln_affine=False --seed=3
 launch aed_mse_possub_dropout_seed3 cpu_aed_mse_possub --dropout_rate=0.2 --seed=3
 while [ -n "$(jobs -rp)" ]; do
     wait -n || true
