@@ -43,7 +43,9 @@ OPTIONS = dict(
     ymax=None,    # (the same, at the top)
     title='',     # chart title ('' = a description of the curves)
     x='step',     # the chart's x axis: step, or epochs (passes over the training tokens)
-    compare='',   # A,B: A - B of final and best val loss, paired by seed (A, B: a run or a seed group's first run)
+    compare='',   # A,B: A - B of final and best val loss, paired by seed (A, B: a run or a seed group's first run);
+                  # several pairs: 'A,B;C,D'
+    diag=False,   # also a table of the embedding loss's diagnostics (train.py logs them at every estimate)
     speed=False,  # also a table of each run's speed: median ms/step, tokens/s and MFU of its logged steps, peak memory
 )
 
@@ -60,10 +62,10 @@ def parse_args(argv):
     if opts['x'] not in ('step', 'epochs'):
         die(f"--x must be step or epochs, got '{opts['x']}'")
     if opts['compare']:
-        pair = opts['compare'].split(',')
-        if len(pair) != 2 or not all(pair):
-            die(f"--compare takes two names, A,B; got '{opts['compare']}'")
-        opts['compare'] = pair
+        pairs = [p.split(',') for p in opts['compare'].split(';')]
+        if not all(len(p) == 2 and all(p) for p in pairs):
+            die(f"--compare takes pairs of names, A,B or A,B;C,D; got '{opts['compare']}'")
+        opts['compare'] = pairs
     if not dirs:
         die("no run directories given (usage: python report.py out-dir [out-dir ...] [--svg=PATH] [--md=PATH])")
     return dirs, opts
@@ -86,12 +88,7 @@ def read_log(path):
         except json.JSONDecodeError:
             if n == len(lines):
                 break  # a run killed mid-write can leave a half line at the end
-            # a train.py from before resumes cut that half line appended the resumed run's first record
-            # to it: keep that record. Anything else is damage
-            try:
-                rec = json.loads(line[line.index('{"type": ', 1):])
-            except ValueError:  # no record in it, or not JSON either
-                raise ValueError(f"line {n} is not JSON") from None
+            raise ValueError(f"line {n} is not JSON") from None
         if rec.get('type') == 'resume':
             records = [r for r in records if r['type'] in ('start', 'resume') or r['step'] <= rec['step']]
         records.append(rec)
@@ -128,7 +125,8 @@ def load_run(run_dir):
         'config': config,
         'seed': config.get('seed'),
         'curve': [(r['step'], r['train'], r['val']) for r in ests],  # (step, train, val)
-        'epochs_at': [r.get('epochs') for r in ests],  # None in logs written before train_tokens existed
+        'epochs_at': [r['epochs'] for r in ests],
+        'diag': [(r['step'], r['emb_diag']) for r in ests if r.get('emb_diag')],  # the embedding loss's diagnostics
         'train': ests[-1]['train'], 'val': ests[-1]['val'],
         'best_val': min(r['val'] for r in ests),
         'best_step': min(ests, key=lambda r: r['val'])['step'],
@@ -198,11 +196,12 @@ def same_config(a, b):
 
 
 def groups_of(runs):
-    # {first run's name: [runs that differ from it only in the seed]}, in the order given
+    # {first run's name: [runs that differ from it only in the seed]}, in the order given; one run per seed
+    # (a second run of a config at a seed it already has, e.g. with a later train.py, starts a group of its own)
     groups = {}
     for r in runs:
         for group in groups.values():
-            if same_config(group[0], r):
+            if same_config(group[0], r) and r['seed'] not in {g['seed'] for g in group}:
                 group.append(r)
                 break
         else:
@@ -256,6 +255,27 @@ def compare(runs, a, b):
             f"{sum(d < 0 for d in best)} of {len(best)} (best)"]
 
 
+DIAG_COLUMNS = [('loss', 'loss', '.2e'), ('loss_no_affine', 'loss without LN affine', '.3f'),
+                ('ln_a_weight_rms', 'ln_a weight RMS', '.3f'), ('ln_b_weight_rms', 'ln_b weight RMS', '.3f'),
+                ('ln_bias_gap_rms', 'bias gap RMS', '.3f'), ('avg_spread', 'avg spread', '.3f'),
+                ('target_spread', 'target spread', '.3f'), ('cos_no_affine', 'cosine', '.3f')]
+
+
+def diag_table(runs, rows=8):
+    # the embedding loss's diagnostics at about `rows` of each run's estimates (the first, the last, evenly between)
+    lines = []
+    for r in runs:
+        if not r['diag']:
+            continue
+        pick = sorted({round(i * (len(r['diag']) - 1) / (rows - 1)) for i in range(rows)})
+        lines += [f"\n{r['name']}:\n", "| step | " + " | ".join(c[1] for c in DIAG_COLUMNS) + " |",
+                  "|---" * (len(DIAG_COLUMNS) + 1) + "|"]
+        for step, d in (r['diag'][i] for i in pick):
+            cells = [format(d[k], f) if d.get(k) is not None else "N/A" for k, _, f in DIAG_COLUMNS]
+            lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
+    return lines
+
+
 # -----------------------------------------------------------------------------
 # the chart
 
@@ -283,9 +303,6 @@ def fmt_tick(v, step):
 def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step'):
     if xaxis == 'epochs':
         # the same curves against passes over the training tokens (train.py logs them with each estimate)
-        for r in runs:
-            if None in r['epochs_at']:
-                die(f"{r['name']}: its log has no epochs (written before train_tokens existed); use --x=step")
         runs = [dict(r, curve=[(e, t, v) for e, (_, t, v) in zip(r['epochs_at'], r['curve'])]) for r in runs]
     W, H = 900, 480
     left, right, top, bottom = 70, 290, 40, 50  # plot margins; the legend sits on the right
@@ -392,7 +409,12 @@ if __name__ == '__main__':
         md += ('\nSeeds (runs that differ only in the seed; mean ± sample std, and min-max):\n\n'
                + '\n'.join(groups) + '\n')
     if opts['compare']:
-        md += '\nDifference (negative: the first is lower):\n\n' + '\n'.join(compare(runs, *opts['compare'])) + '\n'
+        md += ('\nDifference (negative: the first is lower):\n\n'
+               + '\n'.join(line for pair in opts['compare'] for line in compare(runs, *pair)) + '\n')
+    if opts['diag'] and any(r['diag'] for r in runs):
+        md += ('\nThe embedding loss at the estimates (on one fixed training batch, without dropout; the LayerNorm '
+               'weights are 1 at init; spread: the std over positions, averaged over channels):\n'
+               + '\n'.join(diag_table(runs)) + '\n')
     if opts['speed']:
         md += ('\nSpeed (medians over the logged steps after the first, which pays for compiling; train.py times a '
                'step without the estimates):\n\n' + '\n'.join(speed_table(runs)) + '\n')

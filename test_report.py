@@ -35,7 +35,7 @@ def write_run(root, name, records, summary=None):
 def fake_records(config, ests, emb, first_step=0, kind='start', steps=None):
     # ests: [(step, train, val)]; a 'step' record for every step up to the last estimate
     recs = [{'type': kind, 'step': first_step, 'config': config}]
-    recs += [{'type': 'est', 'step': e[0], 'train': e[1], 'val': e[2], 'tokens': 0, 'time': 0.0}
+    recs += [{'type': 'est', 'step': e[0], 'train': e[1], 'val': e[2], 'tokens': 0, 'epochs': 0.0, 'time': 0.0}
              for e in ests if e[0] == first_step and kind == 'start']
     last = ests[-1][0]
     for s in range(first_step + 1, last + 1) if steps is None else steps:
@@ -44,7 +44,7 @@ def fake_records(config, ests, emb, first_step=0, kind='start', steps=None):
         for e in ests:
             if e[0] == s:
                 recs.append({'type': 'est', 'step': s, 'train': e[1], 'val': e[2], 'tokens': s * 100,
-                             'time': s * 0.5})
+                             'epochs': s / 100, 'time': s * 0.5})
     return recs
 
 
@@ -111,20 +111,20 @@ def test_table_chart_resume_and_seeds(tmp_path):
     assert not os.path.exists(str(svg) + '.tmp')
 
 
-def test_torn_line_glued_to_a_resume_record(tmp_path):
-    # a run killed mid-write, then resumed by a train.py that appended its 'resume' record to the torn line
-    # (train.py now cuts the torn line first): report.py keeps the glued record and drops the torn part
+def test_torn_last_line_is_dropped_and_a_torn_line_inside_is_an_error(tmp_path):
+    # a run killed mid-write can leave half a line at the end (train.py cuts it when it resumes)
     cfg = {'arch': 'gpt', 'n_embed': 64, 'seed': 1337}
     recs = [json.dumps(r) for r in fake_records(cfg, [(0, 10.8, 10.8), (10, 6.2, 6.4)], None, steps=range(1, 13))]
-    resumed = fake_records(cfg, [(20, 5.0, 5.9)], None, first_step=10, kind='resume')
-    recs.append('{"type": "step", "step": 13, "lo' + json.dumps(resumed[0]))
-    recs += [json.dumps(r) for r in resumed[1:]]
-    d = write_run(tmp_path, 'glued', [])
+    d = write_run(tmp_path, 'torn', [])
     with open(os.path.join(d, 'log.jsonl'), 'w') as f:
-        f.write('\n'.join(recs) + '\n')
+        f.write('\n'.join(recs) + '\n{"type": "step", "step": 13, "lo')
     p = run_report(d)
     assert p.returncode == 0, p.stderr
-    assert table_rows(p.stdout)['glued (no summary.json)'][1:3] == ['5.000', '5.900']
+    assert table_rows(p.stdout)['torn (no summary.json)'][1:3] == ['6.200', '6.400']
+    with open(os.path.join(d, 'log.jsonl'), 'w') as f:
+        f.write('\n'.join(recs[:3] + ['{"type": "step", "step": 3, "lo'] + recs[3:]) + '\n')
+    p = run_report(d)
+    assert p.returncode != 0 and 'line 4 is not JSON' in p.stderr and 'Traceback' not in p.stderr
 
 
 def test_bad_input(tmp_path):
@@ -271,10 +271,40 @@ def test_seed_groups_compare_and_epochs(tmp_path):
            'best val -0.010 (one seed: no spread yet); aed lower in 1 of 1 (final), 1 of 1 (best)' in p.stdout
     one_line_error(run_report(*dirs, '--compare=aed,bert'), "no run or group named 'bert'")
     one_line_error(run_report(dirs[0], dirs[4], '--compare=aed,gpt_seed2'), 'no seed in common')
-    one_line_error(run_report(*dirs, '--compare=aed'), '--compare takes two names')
+    one_line_error(run_report(*dirs, '--compare=aed'), '--compare takes pairs of names')
+    one_line_error(run_report(*dirs, '--compare=aed,gpt;gpt'), '--compare takes pairs of names')
     one_line_error(run_report(*dirs, '--x=tokens'), '--x must be step or epochs')
-    old = write_run(tmp_path, 'old', fake_records({'arch': 'gpt', 'seed': 1}, [(0, 10.8, 10.8), (10, 3.0, 3.0)], None))
-    one_line_error(run_report(old, f'--svg={svg}', '--x=epochs'), 'old: its log has no epochs')
+    # several pairs at once, each paired by seed; a second run of a config at a seed the group has (a re-run)
+    # is a group of its own, not a fourth seed
+    rerun = write_run(tmp_path, 'aed_rerun', fake_records({'arch': 'aed', 'seed': 1}, [(0, 10.8, 10.8), (20, 2.5, 3.0)],
+                                                          None), summary={'status': 'finished', 'config': {'arch': 'aed', 'seed': 1}})
+    p = run_report(*dirs, rerun, '--compare=aed,gpt;aed_rerun,aed')
+    assert p.returncode == 0, p.stderr
+    assert '- aed: 3 seeds (1, 2, 3): final val 3.440' in p.stdout
+    assert '- aed - gpt, paired by seed (1, 2, 3): final val -0.023' in p.stdout
+    assert '- aed_rerun - aed, paired by seed (1): final val -0.400 (one seed: no spread yet)' in p.stdout
+
+
+def test_embedding_loss_diagnostics_table(tmp_path):
+    """--diag: a table per run of the 'emb_diag' dicts that train.py logs with its estimates, at the first, the last
+    and evenly spread estimates between; runs without them get none."""
+    cfg = {'arch': 'aed', 'seed': 1}
+    recs = fake_records(cfg, [(s, 5.0, 5.5) for s in range(0, 100, 10)], 0.5)
+    for r in recs:
+        if r['type'] == 'est':
+            r['emb_diag'] = {'loss': 1.0 / (1 + r['step']), 'loss_no_affine': 0.9, 'ln_a_weight_rms': 1.0 - r['step'] / 200,
+                             'ln_b_weight_rms': 0.5, 'ln_bias_gap_rms': 0.01, 'avg_spread': 0.2, 'target_spread': 0.3,
+                             'cos_no_affine': 0.4}
+    d = write_run(tmp_path, 'aed', recs)
+    g = write_run(tmp_path, 'gpt', fake_records({'arch': 'gpt', 'seed': 1}, [(0, 10.8, 10.8), (10, 3.0, 3.0)], None))
+    p = run_report(d, g, '--diag=True')
+    assert p.returncode == 0, p.stderr
+    rows = [line for line in p.stdout.split('aed:')[-1].splitlines() if line.startswith('| ') and '---' not in line]
+    assert rows[0].startswith('| step | loss | loss without LN affine | ln_a weight RMS |')
+    steps = [int(r.split('|')[1].replace(',', '')) for r in rows[1:]]
+    assert steps[0] == 0 and steps[-1] == 90 and len(steps) == 8 and steps == sorted(set(steps))
+    assert rows[-1] == '| 90 | 1.10e-02 | 0.900 | 0.550 | 0.500 | 0.010 | 0.200 | 0.300 | 0.400 |'
+    assert 'gpt:' not in p.stdout and 'embedding loss at the estimates' not in run_report(d, g).stdout
 
 
 def test_speed_table(tmp_path):

@@ -118,6 +118,30 @@ report() {  # tables and charts over the runs finished so far
             --title="val loss, $TRAIN_TOKENS training tokens (${#done[@]} of ${#RUNS[@]} runs)"
     } > "$RES.md.tmp"
     mv "$RES.md.tmp" "$RES.md"
+    # the regularised study: dropout and the embedding loss, against the key pair, paired by seed
+    local reg=() pairs=() have
+    have() { grep -qs '"status": "finished"' "$RES/$1/summary.json"; }
+    for r in baseline baseline_seed2 baseline_seed3 aed_mse_possub aed_mse_possub_seed2 aed_mse_possub_seed3 \
+             baseline_dropout baseline_dropout_seed2 baseline_dropout_seed3 aed_mse_possub_dropout \
+             aed_mse_possub_dropout_seed2 aed_mse_possub_dropout_seed3 aed_mse_possub_noaffine \
+             aed_mse_possub_noaffine_seed2 aed_mse_possub_noaffine_seed3 aed_mse_possub_rerun; do
+        if have "$r"; then reg+=("$RES/$r"); fi
+    done
+    for p in aed_mse_possub_dropout,baseline_dropout baseline_dropout,baseline aed_mse_possub_dropout,aed_mse_possub \
+             aed_mse_possub_noaffine,aed_mse_possub aed_mse_possub_noaffine,baseline aed_mse_possub_rerun,aed_mse_possub; do
+        if have "${p%,*}" && have "${p#*,}"; then pairs+=("$p"); fi
+    done
+    if have baseline_dropout_seed2 || have aed_mse_possub_rerun || have aed_mse_possub_noaffine || have aed_mse_possub_dropout; then
+        {
+            echo "The regularised study (experiments/cpu_data_constrained.sh): dropout 0.2 and an embedding loss that"
+            echo "cannot collapse (embedding_ln_affine=False), against the key pair; ${#reg[@]} runs finished."
+            echo
+            python report.py "${reg[@]}" --diag=True --x=epochs --svg="${RES}_regularised.svg" \
+                ${pairs[@]+"--compare=$(IFS=';'; echo "${pairs[*]}")"} \
+                --title="val loss, regularised runs and the key pair (${#reg[@]} runs)"
+        } > "${RES}_regularised.md.tmp"
+        mv "${RES}_regularised.md.tmp" "${RES}_regularised.md"
+    fi
     if [ ${#pair[@]} -gt 0 ]; then
         python report.py "${pair[@]}" --svg="${RES}_pair.svg" --x=epochs --train=True \
             --title="aed_mse_possub vs baseline: val (solid) and train (dashed)" > /dev/null
