@@ -7,20 +7,19 @@ $ python -m pytest -q test_prepare.py
 import bz2
 import gzip
 import hashlib
-import http.server
 import json
 import lzma
 import os
 import random
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 
 import prepare
 import tokenizer
+from conftest import train_defaults
 
 EOT = "<|endoftext|>"
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -45,7 +44,7 @@ def bins(out, name):
 
 def run(path, out, **kw):
     kw.setdefault("min_tokens", 1)
-    return prepare.prepare(path, "t", out_dir=str(out), log=lambda *a: None, **kw)
+    return prepare.prepare(path, "t", data_dir=str(out), log=lambda *a: None, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +138,9 @@ def test_pieces_encode_like_whole_text(tmp_path, monkeypatch, enc):
         text = "".join(random.Random(seed).choice(WORDS + [" ", "\n\n\n", "   ", EOT]) for _ in range(300))
         path = write(tmp_path / "f.txt", text)
         for eot in (False, True):
-            n, _, last_sep_end, _ = prepare.scan(path)
+            n, last_eot_end, _ = prepare.scan(path)
             split_at = int(0.9 * n)
-            ps = list(prepare.pieces(prepare.read_text(path), split_at, eot and last_sep_end > split_at))
+            ps = list(prepare.pieces(prepare.read_text(path), split_at, eot and last_eot_end > split_at))
             f = (lambda t: enc.encode(t, allowed_special={EOT})) if eot else enc.encode_ordinary
             for s in (0, 1):
                 whole = "".join(t for split, t in ps if split == s)
@@ -160,7 +159,7 @@ def test_no_eot_is_the_authors_split(tmp_path, monkeypatch, enc):
     assert enc.decode(train) + enc.decode(val) == text  # round trip
     assert 50256 not in train + val
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
-    assert meta["vocab_size"] == 50257 and meta["fingerprint"]["eot"] is False
+    assert meta["vocab_size"] == 50257 and meta["eot_separates_documents"] is False
 
 
 def test_eot_between_documents_and_clean_split(tmp_path, monkeypatch, enc):
@@ -182,7 +181,7 @@ def test_eot_between_documents_and_clean_split(tmp_path, monkeypatch, enc):
     assert train.count(50256) + val.count(50256) == len(docs) - 2
     assert train[-1] != 50256 and val[0] != 50256
     assert 0.9 <= len(enc.decode(train)) / len(text) < 0.9 + 400 / len(text)
-    assert meta["split_character"] == int(0.9 * len(text))
+    assert meta["split_character"] == int(0.9 * len(text)) and meta["split_moved_to_document_end"]
 
 
 def test_eot_without_separator_after_split_point(tmp_path, enc):
@@ -202,27 +201,7 @@ def test_compressed_input(tmp_path, opener, enc):
     meta = run(str(tmp_path / "c.txt.z"), tmp_path)
     train, val = bins(tmp_path, "t")
     assert enc.decode(train) + EOT + enc.decode(val) == text
-    assert meta["bytes"] == len(text.encode())
-
-
-def test_url_input(tmp_path, enc):
-    text = "\n".join(make_docs(100, seed=4))
-    write(tmp_path / "u.txt", text)
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.RequestHandlerClass.log_message = lambda *a: None
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/u.txt"
-        meta = prepare.prepare(url, None, out_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
-        with pytest.raises(prepare.PrepareError, match="cannot fetch"):
-            prepare.prepare(url + ".missing", "m", out_dir=str(tmp_path / "out"), log=lambda *a: None)
-    finally:
-        server.shutdown()
-    assert meta["source"] == url
-    train, val = bins(tmp_path / "out", "u")  # name taken from the URL
-    assert enc.decode(train) + enc.decode(val) == text
-    assert sorted(os.listdir(tmp_path / "out" / "u")) == ["meta.json", "train.bin", "val.bin"]
+    assert meta["characters"] == len(text)
 
 
 def test_wikipedia_default_text(tmp_path, monkeypatch):
@@ -233,7 +212,7 @@ def test_wikipedia_default_text(tmp_path, monkeypatch):
     (wheel_dir / "summaries_en-us.json").write_text(json.dumps(articles))  # as if extracted from the wheel
     monkeypatch.setattr(prepare, "CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(prepare, "wheel_files", lambda *a: None)
-    meta = prepare.prepare(None, out_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
+    meta = prepare.prepare(None, data_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
     docs = open(wheel_dir / "summaries_en-us.txt", encoding="utf-8").read().split(EOT)
     assert sorted(docs) == sorted(f"Article {i}." for i in range(30))  # every article, stripped
     assert docs != [f"Article {i}." for i in range(30)]  # in a fixed shuffled order, not the file's
@@ -241,7 +220,7 @@ def test_wikipedia_default_text(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "wikipedia" / "train.bin").exists()
 
 
-# --- atomic writes and up-to-date checks -----------------------------------------------------------
+# --- atomic writes --------------------------------------------------------------------------------
 
 class FailingEncoding:
     """Wraps the real encoding; raises `exc` on the second batch, once the first batch is on disk."""
@@ -250,7 +229,7 @@ class FailingEncoding:
 
     def encode_ordinary_batch(self, texts, num_threads):
         self.calls += 1
-        if self.calls == 3:  # batch 1 has been written while batch 2 was encoded
+        if self.calls == 2:
             assert os.path.getsize(self.tmp_train) > 0
             raise self.exc
         return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
@@ -266,8 +245,8 @@ def test_interrupted_write_leaves_no_bins(tmp_path, monkeypatch, enc, exc):
         failing = FailingEncoding(enc, out / "t" / f"train.bin.{os.getpid()}.tmp", exc)
         monkeypatch.setattr(prepare, "get_encoding", lambda: failing)
         with pytest.raises(type(exc)):
-            run(path, out, eot=False, force=True)
-        assert failing.calls >= 3  # it failed mid-run, after batch 1 was written
+            run(path, out, eot=False)
+        assert failing.calls == 2  # it failed mid-run, after batch 1 was written
     assert not os.path.exists(tmp_path / "new" / "t")  # no final bins, no temporary files left
     assert sorted(os.listdir(tmp_path / "old" / "t")) == ["meta.json", "train.bin", "val.bin"]
     assert bins(tmp_path / "old", "t") == old  # the finished outputs of the earlier run are untouched
@@ -290,38 +269,17 @@ def test_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, monkeypatch)
     assert sorted(os.listdir(tmp_path / "t")) == ["val.bin"]
 
 
-def test_stale_temporary_files_of_a_killed_run_are_removed(tmp_path):
-    # a --force run killed with kill -9 leaves its NAME.PID.tmp behind (the finished bins are still there, so
-    # the next run finds them up to date): that run removes it; a live run's files are left alone
+def test_temporary_files_of_a_killed_run_are_removed(tmp_path):
+    # a run killed with kill -9 leaves its NAME.PID.tmp files behind: the next run removes them; the files
+    # of a run still going (here: this process's parent) are left alone
     path = write(tmp_path / "s.txt", "\n".join(make_docs(100, seed=8)))
-    run(path, tmp_path)
     d = tmp_path / "t"
-    dead = 1 << 22  # above Linux's largest pid: no such process
-    stale = [f"train.bin.{dead}.tmp", f"val.bin.{dead}.tmp", f"meta.json.{dead}.tmp", "train.bin.tmp"]
-    for name in stale + [f"train.bin.{os.getpid()}.tmp"]:
+    d.mkdir()
+    dead, live = 1 << 22, os.getppid()  # 1 << 22: above Linux's largest pid, so no such process
+    for name in [f"train.bin.{dead}.tmp", f"val.bin.{dead}.tmp", f"meta.json.{dead}.tmp", f"train.bin.{live}.tmp"]:
         (d / name).write_bytes(b"\0" * 1000)
-    run(path, tmp_path)  # up to date: nothing encoded, only the clean-up
-    assert sorted(os.listdir(d)) == ["meta.json", "train.bin", f"train.bin.{os.getpid()}.tmp", "val.bin"]
-
-
-def test_up_to_date_and_force(tmp_path, monkeypatch):
-    path = write(tmp_path / "f.txt", "\n".join(make_docs(100, seed=6)))
     run(path, tmp_path)
-    calls = []
-    real = prepare.encode_to
-    monkeypatch.setattr(prepare, "encode_to", lambda *a: calls.append(1) or real(*a))
-    run(path, tmp_path)
-    assert calls == []  # same input and options: nothing redone
-    run(path, tmp_path, force=True)
-    assert calls == [1]
-    run(path, tmp_path, eot=False)  # different options
-    assert calls == [1, 1]
-    os.utime(path, ns=(1, 1))  # the input changed
-    run(path, tmp_path, eot=False)
-    assert calls == [1, 1, 1]
-    (tmp_path / "t" / "val.bin").write_bytes(b"")  # a damaged output is redone
-    run(path, tmp_path, eot=False)
-    assert calls == [1, 1, 1, 1]
+    assert sorted(os.listdir(d)) == ["meta.json", "train.bin", f"train.bin.{live}.tmp", "val.bin"]
 
 
 # --- errors: one line, exit code 1, no traceback ---------------------------------------------------
@@ -335,7 +293,7 @@ def error_of(argv, capsys):
 
 
 def test_error_messages(tmp_path, capsys):
-    out = f"--out_dir={tmp_path / 'out'}"
+    out = f"--data_dir={tmp_path / 'out'}"
     assert "input not found" in error_of([f"--input={tmp_path / 'nope.txt'}", out], capsys)
     write(tmp_path / "empty.txt", "")
     assert "is empty" in error_of([f"--input={tmp_path / 'empty.txt'}", out], capsys)
@@ -345,16 +303,20 @@ def test_error_messages(tmp_path, capsys):
     assert "looks binary" in error_of([f"--input={tmp_path / 'nul.bin'}", out], capsys)
     (tmp_path / "latin1.txt").write_bytes("café ".encode("latin-1") * 10)
     assert "not UTF-8 text" in error_of([f"--input={tmp_path / 'latin1.txt'}", out], capsys)
+    (tmp_path / "cut.txt").write_bytes("some text é".encode()[:-1])  # ends inside a character
+    assert "not UTF-8 text" in error_of([f"--input={tmp_path / 'cut.txt'}", out], capsys)
     (tmp_path / "cut.gz").write_bytes(gzip.compress(b"some text " * 1000)[:60])
     assert "cannot read" in error_of([f"--input={tmp_path / 'cut.gz'}", out], capsys)
     assert "cannot read" in error_of([f"--input={tmp_path}", "--name=dir", out], capsys)  # a directory
     write(tmp_path / "small.txt", "\n".join(make_docs(20)))
     assert "too few tokens" in error_of([f"--input={tmp_path / 'small.txt'}", out], capsys)
     assert "--name" in error_of([f"--input={tmp_path / 'small.txt'}", "--name=../x", out], capsys)
-    assert not os.path.exists(tmp_path / "out" / "small" / "train.bin")
-    write(tmp_path / "file", "")  # an --out_dir that is a file
-    out_file = f"--out_dir={tmp_path / 'file'}"
-    assert "cannot write" in error_of([f"--input={tmp_path / 'small.txt'}", out_file], capsys)
+    assert "--val_fraction" in error_of([f"--input={tmp_path / 'small.txt'}", "--val_fraction=1", out], capsys)
+    assert os.listdir(tmp_path / "out") == []  # nothing written by any of them
+    write(tmp_path / "file", "")  # a --data_dir that is a file
+    assert "cannot write" in error_of([f"--input={tmp_path / 'small.txt'}", f"--data_dir={tmp_path / 'file'}"], capsys)
+    # --out_dir is train.py's checkpoint folder: here it is an error that names --data_dir
+    assert "did you mean 'data_dir'" in error_of([f"--out_dir={tmp_path / 'out'}"], capsys)
 
 
 def test_error_from_command_line_has_no_traceback(tmp_path):
@@ -363,18 +325,21 @@ def test_error_from_command_line_has_no_traceback(tmp_path):
     assert r.returncode == 1 and r.stderr == f"error: input not found: {tmp_path / 'missing.txt'}\n"
 
 
-def test_command_line_options(tmp_path, capsys):
+def test_command_line_options_and_how_to_train(tmp_path, monkeypatch, capsys):
     """prepare.py parses its options with configurator.py, as train.py does: --key=value, and a boolean
-    alone (--force, or --no-eot for eot=False)."""
+    alone (--no-eot for eot=False). It ends with the command that trains on what it wrote."""
     path = write(tmp_path / "a.txt", "\n".join(make_docs(300)) + EOT + "tail")
-    argv = [f"--input={path}", "--name=t", f"--out_dir={tmp_path}", "--min_tokens=1", "--no-eot"]
-    prepare.main(argv)
-    meta = json.load(open(tmp_path / "t" / "meta.json"))
-    assert meta["fingerprint"]["eot"] is False and 50256 not in sum(bins(tmp_path, "t"), [])
-    prepare.main(argv + ["--force"])
-    assert "is up to date" not in capsys.readouterr().out  # --force redid it
-    prepare.main(argv)
-    assert "is up to date" in capsys.readouterr().out
+    prepare.main([f"--input={path}", "--name=t", f"--data_dir={tmp_path}", "--min_tokens=1", "--no-eot"])
+    assert 50256 not in sum(bins(tmp_path, "t"), [])
+    command = "python train.py config/cpu_aed_mse_possub.py"
+    assert os.path.exists(os.path.join(HERE, command.split()[2]))
+    assert capsys.readouterr().out.splitlines()[-1] == f"train on it: {command} --data_dir={tmp_path} --dataset=t"
+    # train.py reads data/wikipedia/ by default, so that needs no flags
+    assert (train_defaults()["data_dir"], train_defaults()["dataset"]) == ("data", "wikipedia")
+    monkeypatch.chdir(tmp_path)
+    prepare.main([f"--input={path}", "--name=wikipedia", "--min_tokens=1"])
+    assert capsys.readouterr().out.splitlines()[-1] == f"train on it: {command}"
+    assert os.path.exists(tmp_path / "data" / "wikipedia" / "train.bin")
     with pytest.raises(SystemExit) as e:
         prepare.main([path])
     assert e.value.code == 1 and f"unexpected argument '{path}'" in capsys.readouterr().err
