@@ -1,8 +1,9 @@
 """
-Sample from a model trained by train.py (AED or GPT baseline; the checkpoint says which).
-$ python sample.py --out_dir=out-cpu-aed --start="The history of" --num_samples=3
+Sample from a model trained by train.py (AED or GPT baseline; the checkpoint says which), token by token.
+$ python sample.py --out_dir=out-cpu-aed-mse-possub --start="The history of" --num_samples=3
 $ python sample.py --out_dir=out-cpu-baseline --start=FILE:prompt.txt --kv_cache=False
 """
+import codecs
 import os
 import sys
 from contextlib import nullcontext
@@ -29,7 +30,6 @@ kv_cache = True           # cache attention keys/values; --kv_cache=False recomp
 compile = False           # torch.compile the one-token cached step: pays off over many tokens (see README)
 # -----------------------------------------------------------------------------
 DEFAULTS = collect_defaults(globals())
-
 
 try:
     globals().update(load_config(DEFAULTS, sys.argv[1:]))
@@ -89,12 +89,29 @@ if max(start_ids) >= model_config.vocab_size:
     die(f"the prompt has token id {max(start_ids)}, but the model's vocab_size is {model_config.vocab_size}")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]  # (1, T)
 
+# streaming: generate() calls model.next_logits once per new token with all tokens so far, so a wrapper there
+# prints each token as soon as it is sampled. A character's UTF-8 bytes may be split across tokens: the
+# incremental decoder holds them back until it is complete, so the pieces add up to enc.decode(all tokens)
+def print_new(ids, final=False):
+    global printed
+    print(utf8.decode(b''.join(map(enc.decode_single_token_bytes, ids[printed:].tolist())), final), end='', flush=True)
+    printed = len(ids)
+
+def next_logits_printing(idx, cache=None):
+    print_new(idx[0])
+    return next_logits(idx, cache)
+next_logits, model.next_logits = model.next_logits, next_logits_printing
+
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
       f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' if compile else ''}",
       file=sys.stderr, flush=True)
-with torch.no_grad():
-    with autocast:
+try:
+    with torch.no_grad(), autocast:
         for _ in range(num_samples):
+            printed, utf8 = 0, codecs.getincrementaldecoder('utf-8')(errors='replace')  # as enc.decode
             y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, kv_cache=kv_cache)
-            print(enc.decode(y[0].tolist()))
-            print('---------------', flush=True)
+            print_new(y[0], final=True)
+            print('\n---------------', flush=True)
+except KeyboardInterrupt:
+    print(flush=True)  # ends the sample's line
+    die("interrupted", status=130)

