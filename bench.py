@@ -300,7 +300,7 @@ def bench_data():
     """Data loading's share of a training step, from the data_ms train.py logs for every step."""
     import prepare
 
-    prepare.prepare(log=lambda msg: None)  # the default data, if it is not there yet
+    prepare.prepare(log=lambda msg: None)  # the default data (a few seconds)
     with tempfile.TemporaryDirectory() as tmp:
         steps = 6 if quick else 8
         cmd = [sys.executable, "train.py", f"--out_dir={tmp}", "--arch=gpt", "--n_layer=4", "--n_embed=128",
@@ -341,14 +341,14 @@ def bench_prepare():
             enc.encode_ordinary_batch(docs, num_threads=os.cpu_count())
             tk.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            prepare.prepare(src, "bench", out_dir=tmp, force=True, log=lambda msg: None)
+            prepare.prepare(src, "bench", data_dir=tmp, log=lambda msg: None)
             pr.append(time.perf_counter() - t0)
         # the child reports its own VmHWM: ru_maxrss would include this process's memory, inherited by fork
         probe = ("import atexit, re, runpy, sys; atexit.register(lambda: print('VmHWM', re.search(r'VmHWM:\\s+(\\d+)', "
                  "open('/proc/self/status').read()).group(1), file=sys.stderr)); sys.argv = sys.argv[1:]; "
                  "runpy.run_path('prepare.py', run_name='__main__')")
-        p = subprocess.run([sys.executable, "-c", probe, "prepare.py", f"--input={src}", "--name=bench", "--force",
-                            f"--out_dir={tmp}"], capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+        p = subprocess.run([sys.executable, "-c", probe, "prepare.py", f"--input={src}", "--name=bench",
+                            f"--data_dir={tmp}"], capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
         if p.returncode != 0:
             die(f"prepare.py failed: {p.stderr.strip().splitlines()[-1]}")
         peak_mb = int(p.stderr.split("VmHWM")[-1]) / 1024  # KB -> MB
