@@ -2,7 +2,7 @@
 Turn text into training data: data_dir/<name>/train.bin, val.bin (flat uint16 GPT-2 token ids) + meta.json.
 
 $ python prepare.py                                  # default: 10,033 English Wikipedia lead sections
-$ python prepare.py --input=wiki.txt --name=wiki     # any UTF-8 text file, also .gz/.bz2/.xz
+$ python prepare.py --input=wiki.txt --name=wiki     # any UTF-8 text file, also .gz/.bz2/.xz, or an http(s) URL
 
 The first 90% of the characters go to train, the rest to val, each encoded on its own. "<|endoftext|>" in
 the text separates documents and becomes the eot token (50256); the split then moves on to the end of its
@@ -21,7 +21,9 @@ import lzma
 import os
 import re
 import sys
+import shutil
 import time
+import urllib.request
 import zlib
 
 from configurator import ConfigError, die, load_config
@@ -158,7 +160,8 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     default Wikipedia corpus. Raises PrepareError (or tokenizer.FetchError) with a one-line message."""
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
-    if input is not None and not os.path.exists(input):
+    url = input if re.match(r"https?://", input or "") else None
+    if input is not None and not url and not os.path.exists(input):
         raise PrepareError(f"input not found: {input}")
     name = name or ("wikipedia" if input is None else re.sub(r"(\.(txt|gz|bz2|xz))+$", "", os.path.basename(input)))
     if not re.fullmatch(r"[\w.-]+", name) or name in (".", ".."):
@@ -166,16 +169,24 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     out, t0 = os.path.join(data_dir, name), time.time()
     final = {k: os.path.join(out, k) for k in ("train.bin", "val.bin", "meta.json")}
     tmp = {k: f"{v}.{os.getpid()}.tmp" for k, v in final.items()}  # never taken for finished bins
+    if url:  # spooled to a file first: it is read twice
+        input = tmp["url"] = os.path.join(out, f"input.{os.getpid()}.tmp")
     os.makedirs(out, exist_ok=True)
     for f in os.listdir(out):  # remove the temporary files of killed runs (kill -9): those whose pid is gone
         try:
-            if m := re.fullmatch(r"(?:train\.bin|val\.bin|meta\.json)\.(\d+)\.tmp", f):
+            if m := re.fullmatch(r"(?:train\.bin|val\.bin|meta\.json|input)\.(\d+)\.tmp", f):
                 os.kill(int(m[1]), 0)  # signal 0: only asks whether the process exists
         except ProcessLookupError:
             os.remove(os.path.join(out, f))
         except PermissionError:
             pass  # alive: another user's process
     try:
+        if url:
+            try:
+                with urllib.request.urlopen(url, timeout=60) as r, open(input, "wb") as f:
+                    shutil.copyfileobj(r, f, BLOCK)
+            except (OSError, ValueError) as e:
+                raise PrepareError(f"cannot fetch {url}: {getattr(e, 'reason', None) or e}") from None
         path = input or wikipedia_text()
         log(f"reading {path} twice: counting characters, then encoding them on {os.cpu_count()} threads")
         n_chars, last_eot_end, nonblank = scan(path)
@@ -191,7 +202,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         meta = {"vocab_size": 50257, "eot_token": 50256, "dtype": "uint16", "tokenizer": "GPT-2 BPE (tiktoken gpt2)",
                 "train_tokens": counts[0], "val_tokens": counts[1], "eot_separates_documents": eot,
                 "characters": n_chars, "split_character": split_at, "split_moved_to_document_end": at_eot,
-                "source": input or WIKI_SOURCE, "license": "unknown (user-supplied input)" if input else WIKI_LICENSE}
+                "source": url or input or WIKI_SOURCE, "license": "unknown (user-supplied input)" if input else WIKI_LICENSE}
         with open(tmp["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
         for k in ("meta.json", "train.bin", "val.bin"):  # old outputs go first: never a mixed pair
@@ -214,7 +225,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
 
 # options: python prepare.py --key=value, parsed by configurator.py as train.py's keys are (--help lists them)
 OPTIONS = dict(
-    input="",          # UTF-8 text file (.gz/.bz2/.xz ok); '' = the default Wikipedia text
+    input="",          # UTF-8 text file (.gz/.bz2/.xz ok) or http(s) URL; '' = the default Wikipedia text
     name="",           # the dataset's name (train.py's --dataset): '' = wikipedia, or the input's file name
     eot=True,          # encode <|endoftext|> in the text as the eot token; --no-eot: as plain text
     val_fraction=0.1,  # share of the characters for val

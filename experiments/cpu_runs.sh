@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 OUT=out-cpu-experiment
 
 echo "=== $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
-python prepare.py  # data/wikipedia/{train,val}.bin; does nothing when they are up to date
+python prepare.py  # data/wikipedia/{train,val}.bin (a few seconds)
 
 run() {  # run <run name> <config name> [extra train.py args...]
     local out=$OUT/$1 config=config/$2.py
