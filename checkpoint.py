@@ -1,15 +1,14 @@
 """
-Checkpoints, shared by train.py (save, resume) and sample.py (load).
-
-A checkpoint is the dict train.py saves (model, optimizer, scaler, config, step, best_val_loss, ...) plus
-'checksum', a SHA-256 of everything else in it. save() writes it atomically; load() hands it back only
-after the checks a damaged or hostile file could fail, each a one-line CheckpointError naming the file:
-torch.load(weights_only=True) unpickles nothing but tensors and plain values, the checksum catches a
-flipped byte, and the config is checked against the saved tensors' shapes on the meta device (no memory)
-before anyone builds the model it describes. Weights that hold a NaN or inf are refused too: such a file
-is never a model worth sampling from or resuming.
+Checkpoints, shared by train.py (save, resume) and sample.py (load): the dict train.py saves (model, optimizer,
+config, step, ...) plus 'checksum', a SHA-256 of everything else in it. save() writes it atomically; load()
+hands it back only after the checks a damaged or hostile file could fail, each a one-line CheckpointError:
+torch.load(weights_only=True) unpickles nothing but tensors and plain values, the checksum catches a flipped
+byte, the config must fit the tensors' shapes (checked on the meta device, before anything is built), and
+weights that hold a NaN or inf are refused.
 """
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import os
 import shutil
@@ -34,17 +33,11 @@ def checksum(obj):
             t = x.detach().cpu().contiguous()
             h.update(f"tensor {t.dtype} {tuple(t.shape)}:".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy())  # raw bytes, whatever the dtype (bf16 too)
-        elif isinstance(x, dict):
-            h.update(b"{")
-            for k, v in x.items():
-                walk(k)
+        elif isinstance(x, (dict, list, tuple)):  # a dict as {k v k v}, a list or tuple as [v v]
+            h.update(b"{" if isinstance(x, dict) else b"[")
+            for v in ([y for kv in x.items() for y in kv] if isinstance(x, dict) else x):
                 walk(v)
-            h.update(b"}")
-        elif isinstance(x, (list, tuple)):
-            h.update(b"[")
-            for v in x:
-                walk(v)
-            h.update(b"]")
+            h.update(b"}" if isinstance(x, dict) else b"]")
         else:
             h.update(f"{type(x).__name__} {x!r};".encode())
 
@@ -55,11 +48,19 @@ def checksum(obj):
 def nonfinite(named_tensors):
     """Names of the tensors that hold a NaN or an inf; one device sync for all of them."""
     named = [(k, t) for k, t in named_tensors if t.is_floating_point()]
-    if not named:
-        return []
     flags = [torch.isfinite(t).all() for _, t in named]
-    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist()  # Adam's step counts may sit on the CPU
+    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else []  # Adam's steps: on the CPU
     return [k for (k, _), good in zip(named, ok) if not good]
+
+
+def write_error(path, e):
+    """An OSError from writing path, as one line; a full disk names the file system that is full."""
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return f"cannot write {path}: {e.strerror or e}"
+    mount = os.path.abspath(os.path.dirname(path))
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    return f"no space left on {mount} while saving {path}"
 
 
 def replace(path, make):
@@ -71,13 +72,15 @@ def replace(path, make):
         make(tmp)
         os.replace(tmp, path)
     except BaseException as e:
-        try:
+        with contextlib.suppress(OSError):  # never created, or the directory is read-only
             os.remove(tmp)
-        except OSError:
-            pass  # never created, or the directory is read-only
-        if isinstance(e, OSError):
-            raise CheckpointError(f"cannot write {path}: {e.strerror or e}") from None
-        raise
+        # torch.save turns a failed write into its own RuntimeError ('unexpected pos ...'): the OSError is its context
+        cause = e
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise CheckpointError(write_error(path, cause)) from None
 
 
 def atomic_write(path, write):
@@ -115,8 +118,7 @@ def expected_shapes(model_config):
 
 
 def load(path, keys=('model', 'config')):
-    """Read and check a checkpoint; return (ckpt, its ModelConfig). keys: what the caller needs in it.
-    Config keys the file lacks (written before a key existed) take ModelConfig's defaults, like a resume."""
+    """Read and check a checkpoint; return (ckpt, its ModelConfig). keys: what the caller needs in it."""
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except OSError as e:
@@ -126,18 +128,19 @@ def load(path, keys=('model', 'config')):
                               f"({type(e).__name__})") from None
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py")
-    missing = [k for k in keys if k not in ckpt]
+    missing = [k for k in (*keys, 'checksum') if k not in ckpt]
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(missing)}: not a complete checkpoint of train.py")
-    stored = ckpt.pop('checksum', None)  # absent in files written before checksums: nothing to verify
-    if stored is not None and stored != checksum(ckpt):
+    if ckpt.pop('checksum') != checksum(ckpt):
         raise CheckpointError(f"{path} is damaged: its contents do not match the checksum stored in it")
     sd, config = ckpt['model'], ckpt['config']
     if not isinstance(config, dict) or not isinstance(sd, dict) \
             or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py (no config or weights dict)")
     try:
-        model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS if k in config})
+        model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS})
+    except KeyError as e:
+        raise CheckpointError(f"{path}: its config lacks {e}: not written by this train.py") from None
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
 
