@@ -40,7 +40,6 @@ def checksum(obj):
             h.update(b"}" if isinstance(x, dict) else b"]")
         else:
             h.update(f"{type(x).__name__} {x!r};".encode())
-
     walk(obj)
     return h.hexdigest()
 
@@ -54,7 +53,7 @@ def nonfinite(named_tensors):
 
 
 def write_error(path, e):
-    """An OSError from writing path, as one line; a full disk names the file system that is full."""
+    """An OSError from writing path as one line; a full disk names the file system that is full."""
     if e.errno not in (errno.ENOSPC, errno.EDQUOT):
         return f"cannot write {path}: {e.strerror or e}"
     mount = os.path.abspath(os.path.dirname(path))
@@ -64,9 +63,9 @@ def write_error(path, e):
 
 
 def replace(path, make):
-    """make(tmp) creates path.tmp, which is then renamed over path: a kill at any moment leaves the old file
-    or the new one, never a mix. If anything fails (a full disk, a read-only directory, an interrupt),
-    path.tmp is removed, so it cannot keep the disk full; an OSError becomes a one-line CheckpointError."""
+    """make(tmp) creates path.tmp, which is then renamed over path: a kill at any moment leaves the old file or
+    the new one. If anything fails (a full disk, an interrupt) path.tmp is removed, so it cannot keep the disk
+    full; an OSError becomes a one-line CheckpointError."""
     tmp = path + '.tmp'
     try:
         make(tmp)
@@ -74,8 +73,7 @@ def replace(path, make):
     except BaseException as e:
         with contextlib.suppress(OSError):  # never created, or the directory is read-only
             os.remove(tmp)
-        # torch.save turns a failed write into its own RuntimeError ('unexpected pos ...'): the OSError is its context
-        cause = e
+        cause = e  # torch.save turns a failed write into its own RuntimeError: the OSError is its context
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
@@ -94,22 +92,20 @@ def atomic_write(path, write):
 
 
 def save(ckpt, path):
-    """Write ckpt (a dict) to path with its checksum, atomically."""
     ckpt = dict(ckpt, checksum=checksum(ckpt))
     atomic_write(path, lambda f: torch.save(ckpt, f))
 
 
 def link(src, dst):
-    """Make dst the same file as src, atomically: a hard link (no second write), else a copy. src is later
-    replaced by save(), never rewritten in place, so dst stays a snapshot."""
-    if os.path.exists(dst) and os.path.samefile(src, dst):
-        return  # linked already; and rename() of one link over another of the same file does nothing at all
+    """Make dst the same file as src, atomically: a hard link (no second write), else a copy. save() replaces
+    src, never rewrites it, so dst stays a snapshot."""
     def make(tmp):
         try:
             os.link(src, tmp)
         except OSError:  # a file system without hard links (or a leftover tmp: copied over)
             shutil.copyfile(src, tmp)
-    replace(dst, make)
+    if not (os.path.exists(dst) and os.path.samefile(src, dst)):  # (a rename onto the same file does nothing)
+        replace(dst, make)
 
 
 def expected_shapes(model_config):
@@ -134,8 +130,7 @@ def load(path, keys=('model', 'config')):
     if ckpt.pop('checksum') != checksum(ckpt):
         raise CheckpointError(f"{path} is damaged: its contents do not match the checksum stored in it")
     sd, config = ckpt['model'], ckpt['config']
-    if not isinstance(config, dict) or not isinstance(sd, dict) \
-            or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+    if not isinstance(config, dict) or not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py (no config or weights dict)")
     try:
         model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS})
@@ -143,20 +138,16 @@ def load(path, keys=('model', 'config')):
         raise CheckpointError(f"{path}: its config lacks {e}: not written by this train.py") from None
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
-
-    # the config against the weights, before building anything. The tensor count grows by the same number
-    # per layer, so a config claiming thousands of layers is refused without building them even on meta
+    # the config against the weights, before building anything. The tensor count grows by the same number per
+    # layer, so a config claiming thousands of layers is refused without building them even on meta
     one, two = (len(expected_shapes(dataclasses.replace(model_config, n_layer=n))) for n in (1, 2))
-    count = one + (model_config.n_layer - 1) * (two - one)
-    if count != len(sd):
-        raise CheckpointError(f"{path}: its config (n_layer={model_config.n_layer}) means {count} weight "
-                              f"tensors, the file holds {len(sd)}")
+    if (count := one + (model_config.n_layer - 1) * (two - one)) != len(sd):
+        raise CheckpointError(f"{path}: its config (n_layer={model_config.n_layer}) means {count} weight tensors, "
+                              f"the file holds {len(sd)}")
     for k, shape in expected_shapes(model_config).items():
-        if k not in sd:
-            raise CheckpointError(f"{path}: its config needs a tensor {k}, the file has none")
-        if tuple(sd[k].shape) != shape:
-            raise CheckpointError(f"{path}: {k} is {tuple(sd[k].shape)} in the file, but its config "
-                                  f"(n_embed={model_config.n_embed}, vocab_size={model_config.vocab_size}, "
+        if k not in sd or tuple(sd[k].shape) != shape:
+            raise CheckpointError(f"{path}: {k} is {tuple(sd[k].shape) if k in sd else 'missing'} in the file, but its "
+                                  f"config (n_embed={model_config.n_embed}, vocab_size={model_config.vocab_size}, "
                                   f"context_size={model_config.context_size}) needs {shape}")
     bad = nonfinite(sd.items())
     if bad:

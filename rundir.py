@@ -5,7 +5,7 @@ A run's out_dir and what keeps it safe (docs/robustness.md), for train.py:
     config, ckpt, changes = resume_config(out_dir, defaults, argv)  # --init_from=resume
     run = RunDir(out_dir, ckpt, overwrite)  # one run per out_dir; a scratch run never replaces one by accident
     run.start(train_steps, tokens_per_step, **facts)  # log.jsonl's first record; a resume repairs what a kill cut
-    run.log_step(step, ...); run.estimate(step, est); run.save(step, ckpt, best); run.summary(step); run.stop(...)
+    run.log_step(step, ...); run.estimate(step, est); run.save(step, model, optimizer, scaler); run.summary(step)
 
 Files are written to NAME.tmp, fsynced and renamed (the log is append-only): a kill leaves the old file or the
 new one. torch is imported where it is used: train.py imports this module before torch.
@@ -15,6 +15,7 @@ import json
 import math
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -31,6 +32,9 @@ def catch_signals():
     runs only between bytecodes, after a long torch op or a DDP collective returns (minutes, for a config too big
     for the machine); a thread reading the wakeup pipe runs at once."""
     global _wakeup
+    if 'RANK' in os.environ and sys.platform == 'linux':  # a torchrun worker: in a session of its own, it would
+        import ctypes  # train on alone after a kill -9 of torchrun, so the kernel kills it with its parent
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
     first = _wakeup is None  # the thread: once per process
     if first:
         r, _wakeup = os.pipe()
@@ -52,6 +56,10 @@ def _stop_on_signal(r):
             print(f"error: {_run.interrupted(name) if _run else f'interrupted by {name} while starting'}",
                   file=sys.stderr, flush=True)
         os._exit(128 + signum)
+
+
+def duration(s):
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 90 * 60 else f"{s / 3600:.1f} h"
 
 
 def resume_config(out_dir, defaults, argv):
@@ -84,7 +92,7 @@ class RunDir:
     def __init__(self, out_dir, ckpt=None, overwrite=False, master=True):
         """ckpt: the checkpoint a resume starts from, None for a scratch run. Only rank 0 (master) writes."""
         global _run
-        _run, self.dir, self.master, self.started = self, out_dir, master, None
+        _run, self.dir, self.master, self.started, self.step_times = self, out_dir, master, None, []
         self.step, self.saved_step, self.best_val_loss, self.best_step, self.last_est, self.elapsed_before = \
             (ckpt['step'], ckpt['step'], ckpt['best_val_loss'], ckpt['best_step'], ckpt['last_est'], ckpt['elapsed']) \
             if ckpt else (0, None, float('inf'), None, {}, 0.0)
@@ -137,7 +145,8 @@ class RunDir:
         after it supersede those of the same or a later step), with facts, which every summary.json repeats.
         A resume redoes what a kill right after the last save cut off (the ckpt_best.pt link, summary.json)."""
         from checkpoint import CheckpointError, link
-        self.train_steps, self.tokens_per_step, self.facts, self.started = train_steps, tokens_per_step, facts, time.time()
+        self.train_steps, self.tokens_per_step, self.facts = train_steps, tokens_per_step, facts
+        self.started = time.time()
         if self.master:
             resume = self.saved_step is not None
             self.log_file = open(self.path('log.jsonl'), 'ab' if resume else 'wb', buffering=0)
@@ -177,21 +186,27 @@ class RunDir:
         if improved:
             self.best_val_loss, self.best_step = est['val'], step
         self.last_est = est
-        self.log({'type': 'est', 'step': step, **est, 'best_val': self.best_val_loss, 'tokens': step * self.tokens_per_step,
-                  'epochs': self.epochs(step), 'time': round(self.elapsed(), 2), **more})
+        self.log({'type': 'est', 'step': step, **est, 'best_val': self.best_val_loss,
+                  'tokens': step * self.tokens_per_step, 'epochs': self.epochs(step), 'time': round(self.elapsed(), 2),
+                  **more})
         return improved
 
-    def save(self, step, ckpt, best=False):
-        """ckpt_last.pt: ckpt (model, optimizer, ...) and the run's bookkeeping; ckpt_best.pt a hard link to it if
-        best. Non-finite weights or Adam moments (an overflowing update, whatever the loss said) stop the run instead."""
+    def save(self, step, model, optimizer, scaler, best=False):
+        """ckpt_last.pt: the model, optimizer and RNG states and the run's bookkeeping; ckpt_best.pt a hard link to
+        it if best. Non-finite weights or Adam moments (an overflowing update, whatever the loss said) stop the run
+        instead: they would replace the last good checkpoint."""
         from checkpoint import CheckpointError, link, nonfinite, save
+        import torch
+        cuda = self.facts['device'].startswith('cuda')
+        ckpt = {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
+                'config': self.facts['config'], 'step': step, 'best_val_loss': self.best_val_loss,
+                'best_step': self.best_step, 'last_est': self.last_est, 'elapsed': self.elapsed(),
+                'rng': {'torch': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state() if cuda else None}}
         tensors = list(ckpt['model'].items()) + [(f"optimizer state {k} of parameter {i}", v)
                                                   for i, s in ckpt['optimizer']['state'].items() for k, v in s.items()]
         bad = nonfinite(tensors)
         if bad:
             self.stop(f"{len(bad)} of {len(tensors)} weight and optimizer tensors are not finite (e.g. {bad[0]})", step)
-        ckpt = dict(ckpt, step=step, best_val_loss=self.best_val_loss, best_step=self.best_step,
-                    last_est=self.last_est, elapsed=self.elapsed())
         with _saving:
             try:
                 save(ckpt, self.path('ckpt_last.pt'))  # atomic: a kill or a full disk leaves the old file intact
@@ -204,15 +219,14 @@ class RunDir:
     def summary(self, step, status=None):
         from checkpoint import CheckpointError, atomic_write
         import torch
-        gpu = self.facts['device'].startswith('cuda')
+        device = self.facts['device']
         summary = {'status': status or ('finished' if step >= self.train_steps else 'running'), 'step': step,
                    'train_steps': self.train_steps, 'final_train_loss': self.last_est.get('train'),
                    'final_val_loss': self.last_est.get('val'),
                    'best_val_loss': self.best_val_loss if self.best_val_loss < float('inf') else None,
                    'tokens_seen': step * self.tokens_per_step, 'epochs': round(self.epochs(step), 4),
-                   'wall_time_s': round(self.elapsed(), 1), **self.facts,
-                   'peak_gpu_memory_mib': round(torch.cuda.max_memory_allocated(self.facts['device']) / 2 ** 20)
-                   if gpu else None}
+                   'wall_time_s': round(self.elapsed(), 1), **self.facts, 'peak_gpu_memory_mib':
+                   round(torch.cuda.max_memory_allocated(device) / 2 ** 20) if device.startswith('cuda') else None}
         try:
             atomic_write(self.path('summary.json'), lambda f: f.write(json.dumps(summary, indent=2).encode()))
         except CheckpointError as e:
@@ -224,6 +238,21 @@ class RunDir:
             self.log({'type': 'stop', 'step': step, 'reason': reason})
             self.summary(step, 'stopped: ' + reason)
         die(f"{reason} at step {step}; stopped without saving: {self.last_saved()}")
+
+    def expect(self, step, dt, est_s, est_interval):
+        """After this process's first step, and after ten from their median: the time the rest will take (est_s:
+        an estimate's), so that hardware too slow for the config shows at once."""
+        self.step_times.append(dt)
+        if not self.master or len(self.step_times) not in (1, 10) or step >= self.train_steps:
+            return
+        per_step = statistics.median(self.step_times[1:]) if len(self.step_times) > 1 else dt
+        n_est = self.train_steps // est_interval - (step - 1) // est_interval + (self.train_steps % est_interval != 0)
+        rest = per_step * (self.train_steps - step) + (est_s or 0.0) * n_est
+        ests = f" and {n_est} estimate(s) of ~{duration(est_s)}" if est_s is not None else ""
+        print(f"expected: {per_step * 1000:,.0f} ms/step "
+              f"({'the first step' if len(self.step_times) == 1 else 'median of steps 2-10'}), so ~{duration(rest)} "
+              f"for the {self.train_steps - step:,} steps left{ests}: the whole run ~{duration(self.elapsed() + rest)}",
+              flush=True)
 
     def last_saved(self):
         if self.saved_step is None:

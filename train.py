@@ -1,11 +1,9 @@
 """
 Train the auto-regressive encoder-decoder (AED) model or the decoder-only GPT baseline.
-
 One process (CPU, or one GPU):
 $ python train.py config/cpu_aed_mse_possub.py
 DDP on one node with 8 GPUs (more nodes, and DDP on a CPU: docs/training.md):
 $ torchrun --standalone --nproc_per_node=8 train.py config/aed_mse_possub.py
-
 Any key below can be set by a config file (plain Python) and/or --key=value. What a run prints and writes:
 docs/training.md; what survives a kill, a full disk or bad input: docs/robustness.md.
 """
@@ -17,7 +15,6 @@ import json
 import math
 import os
 import re
-import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -31,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import MODEL_KEYS, CheckpointError
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from model import ModelConfig, build_model
-from rundir import RunDir, resume_config
+from rundir import RunDir, duration, resume_config
 
 # -----------------------------------------------------------------------------
 # defaults: the author's common settings (docs/model.md, The author's settings)
@@ -52,8 +49,7 @@ dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.
 train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it); val is unchanged
 batch_size = 50        # sequences per micro-step per process
 gradient_accumulation_steps = 16  # micro-steps per optimizer step, in total: split across DDP ranks
-# model: every ModelConfig field of model.py is also a key, with ModelConfig's default
-# (arch, vocab_size, context_size, n_embed, n_layer, n_head, dropout_rate, use_bias, the AED keys ...)
+# model: every ModelConfig field of model.py is a key too (arch, vocab_size, context_size, n_embed, n_layer, ...)
 # AdamW optimizer
 lr = 9e-4              # peak learning rate
 beta1 = 0.9            # AdamW's betas
@@ -93,12 +89,15 @@ if init_from not in ('scratch', 'resume'):
     die(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
 if not out_dir:
     die("out_dir must not be empty (it is where the checkpoints and the log go)")
-for rule, keys in [('>= 1', 'batch_size gradient_accumulation_steps est_interval est_steps log_interval'),
-                   ('>= 0', 'train_steps save_interval seed warmup_iters train_tokens min_lr weight_decay grad_clip'),
-                   ('> 0', 'lr ddp_timeout'), ('in [0, 1)', 'beta1 beta2')]:
-    for k in keys.split():
-        if not {'>= 1': config[k] >= 1, '>= 0': config[k] >= 0, '> 0': config[k] > 0, 'in [0, 1)': 0 <= config[k] < 1}[rule]:
-            die(f"{k} must be {rule}, got {config[k]}")
+for k in 'batch_size gradient_accumulation_steps est_interval est_steps log_interval lr ddp_timeout'.split():
+    if not config[k] > 0:
+        die(f"{k} must be > 0, got {config[k]}")
+for k in 'train_steps save_interval seed warmup_iters train_tokens min_lr weight_decay grad_clip'.split():
+    if config[k] < 0:
+        die(f"{k} must be >= 0, got {config[k]}")
+for k in ('beta1', 'beta2'):
+    if not 0 <= config[k] < 1:
+        die(f"{k} must be in [0, 1), got {config[k]}")
 if decay_lr and lr_decay_iters <= warmup_iters:
     die(f"lr_decay_iters ({lr_decay_iters}) must be > warmup_iters ({warmup_iters})")
 
@@ -111,9 +110,6 @@ if gradient_accumulation_steps % world_size:
         f"({world_size}); e.g. divide batch_size and multiply gradient_accumulation_steps by the same factor")
 run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time, nothing replaced by accident
 if ddp:
-    if sys.platform == 'linux':  # torchrun starts each worker in a session of its own: after a kill -9 of torchrun
-        import ctypes            # they would train on alone, so the kernel kills this one when its parent dies
-        ctypes.CDLL(None).prctl(1, 9)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
@@ -130,7 +126,6 @@ autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=d
 # on GPUs the full (B, T, vocab) logits and F.cross_entropy, as the author (docs/gpu.md, The chunked loss on a GPU);
 # on CPU the chunked cross-entropy: the same value, faster, without the logits in memory (docs/performance.md)
 full_logits = device_type != 'cpu'
-
 
 # data: each split's memmap is opened once; batches are random offsets, with replacement
 def open_split(split, limit=0):
@@ -152,7 +147,6 @@ def open_split(split, limit=0):
         die(f"{path} holds token id {int(data.max())}, but vocab_size is {vocab_size}: data and model disagree")
     return data
 
-
 train_data, val_data = open_split('train', train_tokens), open_split('val')
 meta_path = os.path.join(data_dir, dataset, 'meta.json')
 if os.path.isfile(meta_path):
@@ -163,7 +157,6 @@ if os.path.isfile(meta_path):
     if isinstance(meta_vocab, int) and meta_vocab > vocab_size:
         die(f"{meta_path} says vocab_size {meta_vocab}, more than the model's vocab_size {vocab_size}")
 
-
 def get_batch(data, ix):
     # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
     rows = torch.from_numpy(data[ix[:, None] + np.arange(context_size + 1)].astype(np.int64))  # (B, T+1)
@@ -172,21 +165,17 @@ def get_batch(data, ix):
         return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
-
 def train_offsets(step):
-    # the step's whole batch is a function of (seed, step) and each rank takes its own rows: ranks draw different
-    # batches, N ranks see exactly what 1 process accumulating N times would see, and a resumed run draws exactly
-    # the batches the uninterrupted run would have drawn
+    # the step's batch depends on (seed, step) only, and each rank takes its own rows: N ranks see what 1 process
+    # accumulating N times would see, and a resumed run draws the batches the uninterrupted run would have drawn
     rng = np.random.default_rng([seed, 0, step])
     ix = rng.integers(0, len(train_data) - context_size, size=(gradient_accumulation_steps, batch_size))
     return ix[rank * micro_steps:(rank + 1) * micro_steps]  # (micro_steps, B)
-
 
 def est_offsets(split_id, data):
     # the same est_steps batches at every estimate, so estimates differ only by the model
     rng = np.random.default_rng([seed, 1, split_id])
     return rng.integers(0, len(data) - context_size, size=(est_steps, batch_size))
-
 
 # model init: the same weights on every rank (DDP also broadcasts rank 0's)
 torch.manual_seed(seed)
@@ -195,6 +184,7 @@ if ckpt is not None:
     model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
 model.to(device)
 raw_model = model  # the uncompiled, unwrapped module: attributes, state_dict, generate
+emb_loss = model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE'
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # fp16 needs loss scaling; a no-op else
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 if ckpt is not None:
@@ -207,21 +197,21 @@ if ckpt is not None:
 start_step = run.step
 
 # MFU on CUDA: peak dense tensor FLOP/s per GPU as (bf16/fp16, tf32); shown only for the GPUs listed here
-GPU_PEAK_FLOPS = [
-    (r'H100.*PCIe', 756e12, 378e12), (r'H100|H200|GH200', 989e12, 495e12), (r'A100', 312e12, 156e12),
-    (r'L40S', 362e12, 183e12), (r'\bL40\b', 181e12, 90.5e12), (r'\bL4\b', 121e12, 60e12), (r'A6000', 155e12, 77e12),
-    (r'RTX 4090', 165e12, 83e12), (r'RTX 3090', 71e12, 36e12), (r'V100', 125e12, None), (r'\bT4\b', 65e12, None)]
+GPU_PEAK_FLOPS = [(r'H100.*PCIe', 756e12, 378e12), (r'H100|H200|GH200', 989e12, 495e12), (r'A100', 312e12, 156e12),
+                  (r'L40S', 362e12, 183e12), (r'\bL40\b', 181e12, 90.5e12), (r'\bL4\b', 121e12, 60e12),
+                  (r'A6000', 155e12, 77e12), (r'RTX 4090', 165e12, 83e12), (r'RTX 3090', 71e12, 36e12),
+                  (r'V100', 125e12, None), (r'\bT4\b', 65e12, None)]
 gpu = torch.cuda.get_device_name(device) if device_type == 'cuda' else None
 peak_flops = next(((tf32 if dtype == 'float32' else half) for pattern, half, tf32 in GPU_PEAK_FLOPS
                    if gpu and re.search(pattern, gpu)), None)
 flops_per_step = raw_model.flops_per_token() * tokens_per_step
 
 if master:  # the header first: a slow start (compiling, or hardware too slow for the config) is never silent
+    mfu_txt = f" | {gpu}, MFU of {peak_flops / 1e12:.0f} TFLOP/s" if peak_flops else f" | {gpu}: no MFU" if gpu else ""
     print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
           f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
           f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} | {world_size} process(es), "
-          f"{device}, {dtype}, compile {'on' if compile else 'off'}{f' | {gpu}, MFU of ' if gpu else ''}"
-          f"{(f'{peak_flops / 1e12:.0f} TFLOP/s' if peak_flops else 'unknown peak: no MFU') if gpu else ''}", flush=True)
+          f"{device}, {dtype}, compile {'on' if compile else 'off'}{mfu_txt}", flush=True)
     threads, idle = torch.get_num_threads(), len(os.sched_getaffinity(0)) - os.getloadavg()[0]
     if device_type == 'cpu' and threads > 1 and threads > idle + 0.5:  # threads that wait on each other
         print(f"note: torch uses {threads} threads, but only ~{max(idle, 0):.1f} of this machine's cores are idle: "
@@ -229,13 +219,17 @@ if master:  # the header first: a slow start (compiling, or hardware too slow fo
     if ckpt is not None:
         print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
               f"(best val loss {run.best_val_loss:.4f})", flush=True)
-    for k, old, new in changes:
-        print(f"resume changes {k}: {old!r} -> {new!r}", flush=True)
+        for k, old, new in changes:
+            print(f"resume changes {k}: {old!r} -> {new!r}", flush=True)
+        if start_step >= train_steps:
+            min_lr_note = '; the lr stays at min_lr' if decay_lr and lr_decay_iters <= start_step else ''
+            print(f"the run is finished at step {start_step}; to train further, --train_steps={2 * start_step} "
+                  f"(or any number above {start_step}){min_lr_note}", flush=True)
     if decay_lr and start_step < train_steps < warmup_iters:
         print(f"warning: train_steps ({train_steps}) ends inside the lr warm-up (warmup_iters={warmup_iters}): "
               f"the lr never reaches its peak {lr:g}", file=sys.stderr, flush=True)
 
-if compile:
+if compile and start_step < train_steps:  # (a finished run takes no step)
     if master:
         print("compiling the model with torch.compile: about a minute (--compile=False skips it)", flush=True)
     t0 = time.time()
@@ -266,7 +260,6 @@ if ckpt is not None and master:
         torch.cuda.set_rng_state(ckpt['rng']['cuda'])
 del ckpt  # free the loaded tensors
 
-
 @torch.no_grad()
 def estimate_loss():
     # eval-mode cross-entropy (no dropout, no embedding loss) over est_steps batches per split
@@ -282,21 +275,18 @@ def estimate_loss():
     eval_model.train()
     return out
 
-
 @torch.no_grad()
 def estimate_seconds():
-    # what estimate_loss will take, timed on ~2k tokens of its first batch (a whole batch of a config too big for
-    # the machine can take minutes); eager, so that a compiled model compiles nothing for this
+    # what estimate_loss will take on a CPU, timed on ~2k tokens of its first batch (a whole batch of a config too
+    # big for the machine can take minutes); eager, so that a compiled model compiles nothing for this
     rows = max(1, min(batch_size, 2048 // context_size))
     X, Y = get_batch(train_data, est_offsets(0, train_data)[0][:rows])
     raw_model.eval()
-    for _ in range(1 + (device_type == 'cuda')):  # on a GPU the first call also sets the GPU up
-        t0 = time.time()
-        with autocast:
-            raw_model(X, Y, return_logits=full_logits)[1].item()
+    t0 = time.time()
+    with autocast:
+        raw_model(X, Y, return_logits=full_logits)
     raw_model.train()
     return (time.time() - t0) * batch_size / rows * 2 * est_steps
-
 
 def get_lr(step):
     # the author's schedule (docs/model.md, The author's lr schedule), with step 0-based: linear warm-up, then
@@ -310,17 +300,6 @@ def get_lr(step):
     ratio = (step + 1 - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
-
-def training_state():  # a checkpoint's contents; run.save adds the run's bookkeeping (step, best val loss, ...)
-    return {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
-            'config': run_config, 'rng': {'torch': torch.get_rng_state(),
-                                          'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}}
-
-
-def duration(s):
-    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 90 * 60 else f"{s / 3600:.1f} h"
-
-
 # logging
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size, device=device,
           dtype=dtype, params=raw_model.get_num_params(), compiled=eval_model is not raw_model, gpu=gpu,
@@ -332,39 +311,32 @@ if master and wandb_log:
         die("wandb_log=True needs wandb: pip install wandb")
     wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)),
                config=run_config, resume='allow')
-if master and init_from == 'resume' and start_step >= train_steps:
-    print(f"the run is finished at step {start_step}; to train further, --train_steps={2 * start_step} (or any "
-          f"number above {start_step}){'; the lr stays at min_lr' if decay_lr and lr_decay_iters <= start_step else ''}",
-          flush=True)
 
 # training loop
 step = start_step
-step_times, est_s = [], None  # for the expected time of the run
+est_s = None  # an estimate's time, for the expected time of the run
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
-            if est_s is None and (expect_s := estimate_seconds()) > 10:  # a long estimate is never silent
+            if est_s is None and device_type == 'cpu' and (expect_s := estimate_seconds()) > 10:  # never silent
                 too_big = "; this config is sized for a GPU: on a CPU use config/cpu_aed_mse_possub.py or " \
-                          "config/cpu_baseline.py (~5 min)" if device_type == 'cpu' and expect_s > 60 else ""
+                          "config/cpu_baseline.py (~5 min)" if expect_s > 60 else ""
                 print(f"estimating the loss on 2 x {est_steps} batches: ~{duration(expect_s)}{too_big}", flush=True)
             t0 = time.time()
             est = estimate_loss()
             est_s = time.time() - t0
-            # the embedding loss's diagnostics, on one fixed training batch (no RNG drawn: the run stays what it was)
-            diag = {}
-            if model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE':
-                X, _ = get_batch(train_data, est_offsets(0, train_data)[0])
-                diag['emb_diag'] = raw_model.embedding_loss_diagnostics(X)
+            X, _ = get_batch(train_data, est_offsets(0, train_data)[0])  # a fixed batch for the embedding loss's
+            diag = {'emb_diag': raw_model.embedding_loss_diagnostics(X)} if emb_loss else {}  # diagnostics (no RNG)
             improved = run.estimate(step, est, **diag)
             print(f"step {step}: estimate train ce {est['train']:.4f}, val ce {est['val']:.4f}"
                   f"{' (best)' if improved else ''} [{est_s:.1f} s]", flush=True)
             if wandb_log:
                 wandb.log({'step': step, 'est/train': est['train'], 'est/val': est['val']})
-            run.save(step, training_state(), best=improved)
+            run.save(step, raw_model, optimizer, scaler, best=improved)
             run.summary(step)
         elif save_interval and step % save_interval == 0:
-            run.save(step, training_state())
+            run.save(step, raw_model, optimizer, scaler)
     if step >= train_steps:
         break
 
@@ -372,15 +344,13 @@ while True:
     for group in optimizer.param_groups:
         group['lr'] = lr_now
     t0 = time.time()
-    offsets = train_offsets(step)
     stats = torch.zeros(4, device=device)  # summed over micro-steps: loss, ce, embedding loss, #embedding losses
     data_s = 0.0  # time spent fetching batches: logged, so a slow data path shows
-    for micro in range(micro_steps):
+    for micro, ix in enumerate(train_offsets(step)):
         t_data = time.time()
-        X, Y = get_batch(train_data, offsets[micro])
+        X, Y = get_batch(train_data, ix)
         data_s += time.time() - t_data
-        # DDP: all-reduce the gradients on the last micro-step only
-        with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():
+        with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():  # DDP: sync the last one only
             with autocast:
                 _, loss = model(X, Y, return_logits=full_logits)
             scaler.scale(loss / micro_steps).backward()
@@ -419,17 +389,7 @@ while True:
         if wandb_log:
             wandb.log({'step': step, 'train/loss': loss_v, 'train/ce': ce_v, 'train/emb': emb_v, 'lr': lr_now,
                        'tok_s': tok_s, 'mfu': mfu})
-    step_times.append(dt)
-    if master and len(step_times) in (1, 10) and step < train_steps:
-        # the time the rest will take, from the first step and then from the median of steps 2-10: on hardware
-        # too slow for the config the user knows at once
-        per_step = statistics.median(step_times[1:]) if len(step_times) > 1 else dt
-        n_est = train_steps // est_interval - (step - 1) // est_interval + (train_steps % est_interval != 0)
-        rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est
-        basis = 'the first step' if len(step_times) == 1 else 'median of steps 2-10'
-        print(f"expected: {per_step * 1000:,.0f} ms/step ({basis}), so ~{duration(rest)} for the {train_steps - step:,} "
-              f"steps left{f' and {n_est} estimate(s) of ~{duration(est_s)}' if est_s is not None else ''}: "
-              f"the whole run ~{duration(run.elapsed() + rest)}", flush=True)
+    run.expect(step, dt, est_s, est_interval)  # after the first step and the tenth: the time the rest will take
 
 if master:
     mem_txt = f", peak GPU memory {torch.cuda.max_memory_allocated(device) // 2 ** 20:,} MiB" if gpu else ""
