@@ -17,6 +17,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 
@@ -894,10 +895,12 @@ def test_ctrl_c_at_any_moment(tmp_path):
     proc = subprocess.Popen([PY, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={tmp_path}/out',
                              '--context_size=20000', '--batch_size=8', '--est_steps=200'], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
+    lines, watchdog = [], threading.Timer(90, proc.kill)  # a run that never says it: killed, and the test fails
+    watchdog.start()
     while not lines or not lines[-1].startswith('estimating the loss'):
         lines.append(proc.stdout.readline())
         assert lines[-1], 'the run ended: ' + proc.stderr.read()
+    watchdog.cancel()
     assert re.fullmatch(r'estimating the loss on 2 x 200 batches: ~[\d.]+ (min|h); this config is sized for a GPU: '
                         r'on a CPU use config/cpu_aed_mse_possub.py or config/cpu_baseline.py \(~5 min\)\n', lines[-1])
     time.sleep(1)  # inside the estimate's first batch
