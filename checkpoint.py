@@ -130,7 +130,8 @@ def load(path, keys=('model', 'config')):
     if ckpt.pop('checksum') != checksum(ckpt):
         raise CheckpointError(f"{path} is damaged: its contents do not match the checksum stored in it")
     sd, config = ckpt['model'], ckpt['config']
-    if not isinstance(config, dict) or not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+    if not isinstance(config, dict) or not isinstance(sd, dict) \
+            or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py (no config or weights dict)")
     try:
         model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS})

@@ -91,7 +91,8 @@ def read_config_file(path, defaults, depth=0):
         if not os.path.isfile(other):
             raise ConfigError(f"{path}: include({name!r}): config file not found: {other}")
         if depth >= 8:
-            raise ConfigError(f"{path}: include({name!r}): includes nested more than 8 deep (does a file include itself?)")
+            raise ConfigError(f"{path}: include({name!r}): includes nested more than 8 deep "
+                              f"(does a file include itself?)")
         namespace.update(read_config_file(other, defaults, depth + 1))
 
     namespace = {"include": include}

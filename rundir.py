@@ -32,7 +32,7 @@ def catch_signals():
     runs only between bytecodes, after a long torch op or a DDP collective returns (minutes, for a config too big
     for the machine); a thread reading the wakeup pipe runs at once."""
     global _wakeup
-    if 'RANK' in os.environ and sys.platform == 'linux':  # a torchrun worker: in a session of its own, it would
+    if 'RANK' in os.environ and sys.platform == 'linux':  # a torchrun worker, started with setsid: it would
         import ctypes  # train on alone after a kill -9 of torchrun, so the kernel kills it with its parent
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
     first = _wakeup is None  # the thread: once per process

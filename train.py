@@ -1,5 +1,6 @@
 """
 Train the auto-regressive encoder-decoder (AED) model or the decoder-only GPT baseline.
+
 One process (CPU, or one GPU):
 $ python train.py config/cpu_aed_mse_possub.py
 DDP on one node with 8 GPUs (more nodes, and DDP on a CPU: docs/training.md):
@@ -101,8 +102,7 @@ for k in ('beta1', 'beta2'):
 if decay_lr and lr_decay_iters <= warmup_iters:
     die(f"lr_decay_iters ({lr_decay_iters}) must be > warmup_iters ({warmup_iters})")
 
-# DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
-ddp = int(os.environ.get('RANK', -1)) != -1
+ddp = int(os.environ.get('RANK', -1)) != -1  # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
 master = rank == 0  # rank 0 logs, estimates and saves
 if gradient_accumulation_steps % world_size:
@@ -176,6 +176,7 @@ def est_offsets(split_id, data):
     # the same est_steps batches at every estimate, so estimates differ only by the model
     rng = np.random.default_rng([seed, 1, split_id])
     return rng.integers(0, len(data) - context_size, size=(est_steps, batch_size))
+X0, Y0 = get_batch(train_data, est_offsets(0, train_data)[0])  # one fixed batch: compiling, timing, diagnostics
 
 # model init: the same weights on every rank (DDP also broadcasts rank 0's)
 torch.manual_seed(seed)
@@ -184,7 +185,6 @@ if ckpt is not None:
     model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
 model.to(device)
 raw_model = model  # the uncompiled, unwrapped module: attributes, state_dict, generate
-emb_loss = model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE'
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # fp16 needs loss scaling; a no-op else
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 if ckpt is not None:
@@ -235,9 +235,8 @@ if compile and start_step < train_steps:  # (a finished run takes no step)
     t0 = time.time()
     model = torch.compile(model)
     try:  # compile now, on one batch: a compiler failure falls back to eager mode, and the step times exclude it
-        X, Y = get_batch(train_data, est_offsets(0, train_data)[0])
         with autocast:
-            loss = model(X, Y, return_logits=full_logits)[1]
+            loss = model(X0, Y0, return_logits=full_logits)[1]
         scaler.scale(loss).backward()
         if master:
             print(f"compiled in {time.time() - t0:.1f} s", flush=True)
@@ -277,16 +276,15 @@ def estimate_loss():
 
 @torch.no_grad()
 def estimate_seconds():
-    # what estimate_loss will take on a CPU, timed on ~2k tokens of its first batch (a whole batch of a config too
-    # big for the machine can take minutes); eager, so that a compiled model compiles nothing for this
-    rows = max(1, min(batch_size, 2048 // context_size))
-    X, Y = get_batch(train_data, est_offsets(0, train_data)[0][:rows])
+    # what estimate_loss will take on a CPU, timed eagerly on <= 2048 tokens of its first batch (one batch of a config
+    # too big for the machine can take minutes); past 2048 a lower bound: attention grows faster than linearly
+    rows, n = max(1, min(batch_size, 2048 // context_size)), min(context_size, 2048)
     raw_model.eval()
     t0 = time.time()
     with autocast:
-        raw_model(X, Y, return_logits=full_logits)
+        raw_model(X0[:rows, :n], Y0[:rows, :n], return_logits=full_logits)
     raw_model.train()
-    return (time.time() - t0) * batch_size / rows * 2 * est_steps
+    return (time.time() - t0) * (batch_size / rows) * (context_size / n) * 2 * est_steps
 
 def get_lr(step):
     # the author's schedule (docs/model.md, The author's lr schedule), with step 0-based: linear warm-up, then
@@ -320,14 +318,16 @@ while True:
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
             if est_s is None and device_type == 'cpu' and (expect_s := estimate_seconds()) > 10:  # never silent
-                too_big = "; this config is sized for a GPU: on a CPU use config/cpu_aed_mse_possub.py or " \
-                          "config/cpu_baseline.py (~5 min)" if expect_s > 60 else ""
-                print(f"estimating the loss on 2 x {est_steps} batches: ~{duration(expect_s)}{too_big}", flush=True)
+                too_big = "; too big for this CPU (the CPU presets, config/cpu_aed_mse_possub.py and " \
+                          "config/cpu_baseline.py, take ~5 min)" if expect_s > 60 else ""
+                print(f"estimating the loss on 2 x {est_steps} batches: ~{duration(expect_s)}"
+                      f"{' or more' if context_size > 2048 else ''}{too_big}", flush=True)
             t0 = time.time()
             est = estimate_loss()
             est_s = time.time() - t0
-            X, _ = get_batch(train_data, est_offsets(0, train_data)[0])  # a fixed batch for the embedding loss's
-            diag = {'emb_diag': raw_model.embedding_loss_diagnostics(X)} if emb_loss else {}  # diagnostics (no RNG)
+            diag = {}  # with the embedding loss on, its diagnostics on the fixed batch (no RNG drawn)
+            if model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE':
+                diag['emb_diag'] = raw_model.embedding_loss_diagnostics(X0)
             improved = run.estimate(step, est, **diag)
             print(f"step {step}: estimate train ce {est['train']:.4f}, val ce {est['val']:.4f}"
                   f"{' (best)' if improved else ''} [{est_s:.1f} s]", flush=True)
