@@ -606,7 +606,7 @@ def test_busy_cores_and_a_run_inside_its_warm_up_are_told(tmp_path, monkeypatch)
     """On a CPU whose cores are busy, the header suggests OMP_NUM_THREADS=1 when torch would use more threads than
     there are idle cores; a run shorter than its warm-up says that its lr never reaches its peak."""
     threads = torch.get_num_threads()
-    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
+    monkeypatch.setattr(os, 'cpu_count', lambda: 2)
     try:
         torch.set_num_threads(2)
         for load, note in [(1.6, True), (0.0, False)]:

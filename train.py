@@ -212,7 +212,7 @@ if master:  # the header first: a slow start (compiling, or hardware too slow fo
           f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
           f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} | {world_size} process(es), "
           f"{device}, {dtype}, compile {'on' if compile else 'off'}{mfu_txt}", flush=True)
-    threads, idle = torch.get_num_threads(), len(os.sched_getaffinity(0)) - os.getloadavg()[0]
+    threads, idle = torch.get_num_threads(), os.cpu_count() - os.getloadavg()[0]
     if device_type == 'cpu' and threads > 1 and threads > idle + 0.5:  # threads that wait on each other
         print(f"note: torch uses {threads} threads, but only ~{max(idle, 0):.1f} of this machine's cores are idle: "
               f"if the steps are slow, run with OMP_NUM_THREADS=1 (docs/training.md, The CPU presets)", flush=True)
