@@ -1,5 +1,5 @@
 """
-Tests of configurator.py, train.py, sample.py and checkpoint.py. The scripts run as users run them
+Tests of configurator.py, train.py, rundir.py, sample.py and checkpoint.py. The scripts run as users run them
 (subprocesses; cases that need no process of their own run in this process through run_here) on tiny
 models and tiny generated data.
 """
@@ -164,13 +164,13 @@ def test_collect_defaults():
 
 def test_every_config_file_loads():
     # each shipped config names only known keys with the right types, and builds a valid ModelConfig
-    import dataclasses
+    from checkpoint import MODEL_KEYS
     from model import ModelConfig
     defaults = train_defaults()
     for name in sorted(os.listdir(os.path.join(ROOT, 'config'))):
         if name.endswith('.py'):
             c = load_config(defaults, [os.path.join(ROOT, 'config', name)])
-            ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)})
+            ModelConfig(**{k: c[k] for k in MODEL_KEYS})
 
 
 def test_cpu_runs_are_the_authors_runs_at_cpu_size():
@@ -212,13 +212,13 @@ def test_config_files_state_only_what_they_change():
 
 def test_author_configs_param_counts():
     from model import ModelConfig, build_model
-    import dataclasses
+    from checkpoint import MODEL_KEYS
     defaults = train_defaults()
     expect = {'aed_mse_possub': 15_763_500, 'baseline': 16_036_800, 'baseline_small': 15_441_192,
               'baseline_dropout': 16_036_800}
     for name, n in expect.items():
         c = load_config(defaults, [os.path.join(ROOT, 'config', name + '.py')])
-        m = build_model(ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)}))
+        m = build_model(ModelConfig(**{k: c[k] for k in MODEL_KEYS}))
         assert m.get_num_params() == n, name
 
 
