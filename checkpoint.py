@@ -1,15 +1,14 @@
 """
-Checkpoints, shared by train.py (save, resume) and sample.py (load).
-
-A checkpoint is the dict train.py saves (model, optimizer, scaler, config, step, best_val_loss, ...) plus
-'checksum', a SHA-256 of everything else in it. save() writes it atomically; load() hands it back only
-after the checks a damaged or hostile file could fail, each a one-line CheckpointError naming the file:
-torch.load(weights_only=True) unpickles nothing but tensors and plain values, the checksum catches a
-flipped byte, and the config is checked against the saved tensors' shapes on the meta device (no memory)
-before anyone builds the model it describes. Weights that hold a NaN or inf are refused too: such a file
-is never a model worth sampling from or resuming.
+Checkpoints, shared by train.py (save, resume) and sample.py (load): the dict train.py saves (model, optimizer,
+config, step, ...) plus 'checksum', a SHA-256 of everything else in it. save() writes it atomically; load()
+hands it back only after the checks a damaged or hostile file could fail, each a one-line CheckpointError:
+torch.load(weights_only=True) unpickles nothing but tensors and plain values, the checksum catches a flipped
+byte, the config must fit the tensors' shapes (checked on the meta device, before anything is built), and
+weights that hold a NaN or inf are refused.
 """
+import contextlib
 import dataclasses
+import errno
 import hashlib
 import os
 import shutil
@@ -34,20 +33,13 @@ def checksum(obj):
             t = x.detach().cpu().contiguous()
             h.update(f"tensor {t.dtype} {tuple(t.shape)}:".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy())  # raw bytes, whatever the dtype (bf16 too)
-        elif isinstance(x, dict):
-            h.update(b"{")
-            for k, v in x.items():
-                walk(k)
+        elif isinstance(x, (dict, list, tuple)):  # a dict as {k v k v}, a list or tuple as [v v]
+            h.update(b"{" if isinstance(x, dict) else b"[")
+            for v in ([y for kv in x.items() for y in kv] if isinstance(x, dict) else x):
                 walk(v)
-            h.update(b"}")
-        elif isinstance(x, (list, tuple)):
-            h.update(b"[")
-            for v in x:
-                walk(v)
-            h.update(b"]")
+            h.update(b"}" if isinstance(x, dict) else b"]")
         else:
             h.update(f"{type(x).__name__} {x!r};".encode())
-
     walk(obj)
     return h.hexdigest()
 
@@ -55,29 +47,38 @@ def checksum(obj):
 def nonfinite(named_tensors):
     """Names of the tensors that hold a NaN or an inf; one device sync for all of them."""
     named = [(k, t) for k, t in named_tensors if t.is_floating_point()]
-    if not named:
-        return []
     flags = [torch.isfinite(t).all() for _, t in named]
-    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist()  # Adam's step counts may sit on the CPU
+    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else []  # Adam's steps: on the CPU
     return [k for (k, _), good in zip(named, ok) if not good]
 
 
+def write_error(path, e):
+    """An OSError from writing path as one line; a full disk names the file system that is full."""
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return f"cannot write {path}: {e.strerror or e}"
+    mount = os.path.abspath(os.path.dirname(path))
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    return f"no space left on {mount} while saving {path}"
+
+
 def replace(path, make):
-    """make(tmp) creates path.tmp, which is then renamed over path: a kill at any moment leaves the old file
-    or the new one, never a mix. If anything fails (a full disk, a read-only directory, an interrupt),
-    path.tmp is removed, so it cannot keep the disk full; an OSError becomes a one-line CheckpointError."""
+    """make(tmp) creates path.tmp, which is then renamed over path: a kill at any moment leaves the old file or
+    the new one. If anything fails (a full disk, an interrupt) path.tmp is removed, so it cannot keep the disk
+    full; an OSError becomes a one-line CheckpointError."""
     tmp = path + '.tmp'
     try:
         make(tmp)
         os.replace(tmp, path)
     except BaseException as e:
-        try:
+        with contextlib.suppress(OSError):  # never created, or the directory is read-only
             os.remove(tmp)
-        except OSError:
-            pass  # never created, or the directory is read-only
-        if isinstance(e, OSError):
-            raise CheckpointError(f"cannot write {path}: {e.strerror or e}") from None
-        raise
+        cause = e  # torch.save turns a failed write into its own RuntimeError: the OSError is its context
+        while cause is not None and not isinstance(cause, OSError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        raise CheckpointError(write_error(path, cause)) from None
 
 
 def atomic_write(path, write):
@@ -91,22 +92,20 @@ def atomic_write(path, write):
 
 
 def save(ckpt, path):
-    """Write ckpt (a dict) to path with its checksum, atomically."""
     ckpt = dict(ckpt, checksum=checksum(ckpt))
     atomic_write(path, lambda f: torch.save(ckpt, f))
 
 
 def link(src, dst):
-    """Make dst the same file as src, atomically: a hard link (no second write), else a copy. src is later
-    replaced by save(), never rewritten in place, so dst stays a snapshot."""
-    if os.path.exists(dst) and os.path.samefile(src, dst):
-        return  # linked already; and rename() of one link over another of the same file does nothing at all
+    """Make dst the same file as src, atomically: a hard link (no second write), else a copy. save() replaces
+    src, never rewrites it, so dst stays a snapshot."""
     def make(tmp):
         try:
             os.link(src, tmp)
         except OSError:  # a file system without hard links (or a leftover tmp: copied over)
             shutil.copyfile(src, tmp)
-    replace(dst, make)
+    if not (os.path.exists(dst) and os.path.samefile(src, dst)):  # (a rename onto the same file does nothing)
+        replace(dst, make)
 
 
 def expected_shapes(model_config):
@@ -115,8 +114,7 @@ def expected_shapes(model_config):
 
 
 def load(path, keys=('model', 'config')):
-    """Read and check a checkpoint; return (ckpt, its ModelConfig). keys: what the caller needs in it.
-    Config keys the file lacks (written before a key existed) take ModelConfig's defaults, like a resume."""
+    """Read and check a checkpoint; return (ckpt, its ModelConfig). keys: what the caller needs in it."""
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except OSError as e:
@@ -126,34 +124,31 @@ def load(path, keys=('model', 'config')):
                               f"({type(e).__name__})") from None
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py")
-    missing = [k for k in keys if k not in ckpt]
+    missing = [k for k in (*keys, 'checksum') if k not in ckpt]
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(missing)}: not a complete checkpoint of train.py")
-    stored = ckpt.pop('checksum', None)  # absent in files written before checksums: nothing to verify
-    if stored is not None and stored != checksum(ckpt):
+    if ckpt.pop('checksum') != checksum(ckpt):
         raise CheckpointError(f"{path} is damaged: its contents do not match the checksum stored in it")
     sd, config = ckpt['model'], ckpt['config']
     if not isinstance(config, dict) or not isinstance(sd, dict) \
             or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py (no config or weights dict)")
     try:
-        model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS if k in config})
+        model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS})
+    except KeyError as e:
+        raise CheckpointError(f"{path}: its config lacks {e}: not written by this train.py") from None
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
-
-    # the config against the weights, before building anything. The tensor count grows by the same number
-    # per layer, so a config claiming thousands of layers is refused without building them even on meta
+    # the config against the weights, before building anything. The tensor count grows by the same number per
+    # layer, so a config claiming thousands of layers is refused without building them even on meta
     one, two = (len(expected_shapes(dataclasses.replace(model_config, n_layer=n))) for n in (1, 2))
-    count = one + (model_config.n_layer - 1) * (two - one)
-    if count != len(sd):
-        raise CheckpointError(f"{path}: its config (n_layer={model_config.n_layer}) means {count} weight "
-                              f"tensors, the file holds {len(sd)}")
+    if (count := one + (model_config.n_layer - 1) * (two - one)) != len(sd):
+        raise CheckpointError(f"{path}: its config (n_layer={model_config.n_layer}) means {count} weight tensors, "
+                              f"the file holds {len(sd)}")
     for k, shape in expected_shapes(model_config).items():
-        if k not in sd:
-            raise CheckpointError(f"{path}: its config needs a tensor {k}, the file has none")
-        if tuple(sd[k].shape) != shape:
-            raise CheckpointError(f"{path}: {k} is {tuple(sd[k].shape)} in the file, but its config "
-                                  f"(n_embed={model_config.n_embed}, vocab_size={model_config.vocab_size}, "
+        if k not in sd or tuple(sd[k].shape) != shape:
+            raise CheckpointError(f"{path}: {k} is {tuple(sd[k].shape) if k in sd else 'missing'} in the file, but its "
+                                  f"config (n_embed={model_config.n_embed}, vocab_size={model_config.vocab_size}, "
                                   f"context_size={model_config.context_size}) needs {shape}")
     bad = nonfinite(sd.items())
     if bad:

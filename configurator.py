@@ -5,24 +5,12 @@ The one config parser shared by train.py, sample.py, bench.py, prepare.py and re
     python bench.py --quick          # a boolean key alone means True (--no-quick: False)
     python train.py --help           # every key, its default and the comment beside it in the source
 
-Each script keeps its defaults as plain variables at the top and calls
-load_config(defaults, sys.argv[1:]). Positional arguments are config files:
-plain Python, executed into a fresh namespace (not into the caller's globals);
-every name a file defines must be a known key. A config file may start from
-another with include('other.py') (a path relative to the including file):
-the other file's keys are set at that point, and later lines override them.
-`--key=value` arguments come after (or between) config files and win, in
-order. Values are parsed with ast.literal_eval and fall back to the raw
-string, so `--out_dir=out-aed`, `--lr=3e-4`, `--compile=False`,
-`--cross_attn_n_head=None` and `--start=a=b` all work (the split is on the
-first '='). `-h` or `--help` prints the script's docstring and every key,
-then exits 0.
-
-Types are checked against the default: an int is accepted where a float is
-expected (and converted); a None default accepts None, bool, int, float or
-str (ModelConfig validates those fields itself). Any mistake raises
-ConfigError with a one-line message naming the nearest valid key; the scripts
-turn it into `error: ...` on stderr and exit status 1 with die().
+A script keeps its defaults as plain variables at the top and calls load_config(defaults, sys.argv[1:]).
+Positional arguments are config files: plain Python, run in a fresh namespace, where every name must be a
+key; include('other.py') (relative to the file) sets the other file's keys at that point. `--key=value`
+arguments win, in order; values are Python literals, else the raw string (`--out_dir=out-aed`). Types are
+checked against the default (an int is fine for a float; a None default takes None, bool, int, float or
+str). A mistake raises ConfigError, one line naming the nearest valid key; die() prints it and exits 1.
 """
 import ast
 import difflib
@@ -34,6 +22,10 @@ import tokenize
 import types
 
 NONE_OK = (type(None), bool, int, float, str)
+# nanoGPT's names for our keys: a nanoGPT user's --max_iters is told our name, not the nearest spelling
+NANOGPT_NAMES = {"max_iters": "train_steps", "block_size": "context_size", "learning_rate": "lr",
+                 "eval_interval": "est_interval", "eval_iters": "est_steps", "n_embd": "n_embed",
+                 "dropout": "dropout_rate", "bias": "use_bias"}
 
 
 class ConfigError(Exception):
@@ -43,7 +35,7 @@ class ConfigError(Exception):
 def die(msg, status=1):
     """Bad input or a failed run: one line on stderr, exit status 1 (or status), no traceback. Under torchrun
     every rank exits, but only rank 0 prints: the errors are the same on all ranks."""
-    if int(os.environ.get('RANK', 0)) == 0:
+    if int(os.environ.get("RANK", 0)) == 0:
         print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(status)
 
@@ -54,16 +46,11 @@ def first_line(e):
     return f"{type(e).__name__}: {s[0] if s else ''}"
 
 
-def nearest_key(key, keys):
-    # always name one key: the closest by difflib's ratio, however far
-    match = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.0)
-    return match[0] if match else None
-
-
 def unknown_key_error(key, keys, where):
-    near = nearest_key(key, keys)
-    hint = f" (did you mean '{near}'?)" if near else ""
-    return ConfigError(f"unknown config key '{key}' {where}{hint}")
+    if NANOGPT_NAMES.get(key) in keys:
+        return ConfigError(f"unknown config key '{key}' {where}: nanoGPT's {key} is {NANOGPT_NAMES[key]} here")
+    near = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.0)  # always name one key, however far
+    return ConfigError(f"unknown config key '{key}' {where}" + (f" (did you mean '{near[0]}'?)" if near else ""))
 
 
 def check_type(key, value, default, where):
@@ -75,48 +62,36 @@ def check_type(key, value, default, where):
     want = type(default)
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)  # ints are fine for floats: lr=1 means 1.0
-    if want is int and isinstance(value, bool):
-        pass  # bool is a subclass of int in Python; `--batch_size=True` is a mistake
-    elif isinstance(value, want):
+    if isinstance(value, want) and not (want is int and isinstance(value, bool)):  # --batch_size=True is a mistake
         return value
     raise ConfigError(f"{key} {where}: expected {want.__name__}, got {type(value).__name__} {value!r}")
 
 
 def parse_value(raw, default):
-    """Turn the text after '--key=' into a Python value."""
-    if isinstance(default, str):
-        # a str key keeps the text as typed, so --out_dir=2024 stays '2024',
-        # but a quoted literal ('--start="hi"') is still unquoted
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return raw
-        return value if isinstance(value, str) else raw
+    """The text after '--key=' as a Python value: a literal, else the text itself (--detach_type=ENCODER_OUT)."""
     if isinstance(default, bool) and raw.lower() in ("true", "false"):
-        return raw.lower() == "true"  # accept --compile=false as well as False
+        return raw.lower() == "true"  # --compile=false as well as False
     try:
-        return ast.literal_eval(raw)
+        value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return raw  # e.g. --detach_type=ENCODER_OUT for a None default
-
-
-MAX_INCLUDE_DEPTH = 8
+        return raw
+    # a str key keeps the text as typed (--out_dir=2024 stays '2024'), but a quoted literal is unquoted
+    return raw if isinstance(default, str) and not isinstance(value, str) else value
 
 
 def read_config_file(path, defaults, depth=0):
-    """Execute a config file in a fresh namespace; return {key: value} it set, type-checked against defaults.
-    The file may call include('other.py'), which sets other.py's keys (relative to this file's folder) there."""
+    """Run a config file in a fresh namespace; return the {key: value} it set, type-checked against defaults."""
     if not os.path.isfile(path):
         raise ConfigError(f"config file not found: {path}")
     with open(path, encoding="utf-8") as f:
         source = f.read()
 
-    def include(name):
+    def include(name):  # sets the other file's keys here; its path is relative to this file's folder
         other = os.path.join(os.path.dirname(path), name)
         if not os.path.isfile(other):
             raise ConfigError(f"{path}: include({name!r}): config file not found: {other}")
-        if depth >= MAX_INCLUDE_DEPTH:
-            raise ConfigError(f"{path}: include({name!r}): includes nested more than {MAX_INCLUDE_DEPTH} deep "
+        if depth >= 8:
+            raise ConfigError(f"{path}: include({name!r}): includes nested more than 8 deep "
                               f"(does a file include itself?)")
         namespace.update(read_config_file(other, defaults, depth + 1))
 
@@ -141,33 +116,30 @@ def read_config_file(path, defaults, depth=0):
 
 
 def load_config(defaults, argv, base=None, sources=None):
-    """Apply config files and --key=value overrides in argv, in order, to a copy of
-    base (default: defaults). Types are checked against defaults. With -h or --help in
-    argv, print help_text(defaults, sources) and exit 0; sources are the files whose
-    comments describe the keys (default: the running script)."""
+    """Apply the config files and --key=value arguments of argv, in order, to a copy of base (default: defaults).
+    -h or --help: print help_text(defaults, sources) (sources: the files whose comments describe the keys,
+    default the running script) and exit 0."""
     if "-h" in argv or "--help" in argv:
         if int(os.environ.get("RANK", 0)) == 0:
             print(help_text(defaults, sources or [sys.modules["__main__"].__file__]), flush=True)
         sys.exit(0)
     config = dict(defaults if base is None else base)
     for arg in argv:
-        if arg.startswith("--"):
-            key, eq, raw = arg[2:].partition("=")
-            key = key.replace("-", "_")  # --batch-size=8 works too
-            if not eq and isinstance(defaults.get(key), bool):
-                config[key] = True  # a boolean key alone: --quick means --quick=True
-                continue
-            if not eq and key.startswith("no_") and isinstance(defaults.get(key[3:]), bool):
-                config[key[3:]] = False  # --no-quick means --quick=False
-                continue
-            if key not in defaults:
-                raise unknown_key_error(key, defaults, "on the command line")
-            if not eq:
-                raise ConfigError(f"expected --{key}=value, got '{arg}' (only a boolean key can stand alone)")
-            value = parse_value(raw, defaults[key])
-            config[key] = check_type(key, value, defaults[key], f"(from {arg})")
-        else:
+        if not arg.startswith("--"):
             config.update(read_config_file(arg, defaults))
+            continue
+        key, eq, raw = arg[2:].partition("=")
+        key = key.replace("-", "_")  # --batch-size=8 works too
+        if not eq and isinstance(defaults.get(key), bool):
+            config[key] = True  # a boolean key alone: --quick means --quick=True
+        elif not eq and key.startswith("no_") and isinstance(defaults.get(key[3:]), bool):
+            config[key[3:]] = False  # --no-quick means --quick=False
+        elif key not in defaults:
+            raise unknown_key_error(key, defaults, "on the command line")
+        elif not eq:
+            raise ConfigError(f"expected --{key}=value, got '{arg}' (only a boolean key can stand alone)")
+        else:
+            config[key] = check_type(key, parse_value(raw, defaults[key]), defaults[key], f"(from {arg})")
     return config
 
 
@@ -176,19 +148,16 @@ def key_comments(path):
     and `name=value,  # comment` inside a call): the first such line of each name."""
     with open(path, encoding="utf-8") as f:
         source = f.read()
-    lines = source.splitlines()
-    comments = {}
+    lines, comments = source.splitlines(), {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):  # real comments: not a '#' in a string
-        if tok.type == tokenize.COMMENT:
-            m = re.match(r"\s*(\w+)\s*(:[^=]*)?=(?!=)", lines[tok.start[0] - 1])
-            if m and m.group(1) not in comments:
-                comments[m.group(1)] = tok.string.lstrip("#").strip()
+        m = tok.type == tokenize.COMMENT and re.match(r"\s*(\w+)\s*(:[^=]*)?=(?!=)", lines[tok.start[0] - 1])
+        if m and m.group(1) not in comments:
+            comments[m.group(1)] = tok.string.lstrip("#").strip()
     return comments
 
 
 def help_text(defaults, sources):
-    """The first source's docstring (as written), then every key with its default and the comment beside it
-    in sources."""
+    """The first source's docstring as written, then every key with its default and the comment beside it."""
     with open(sources[0], encoding="utf-8") as f:
         source = f.read()
     body = ast.parse(source).body
@@ -203,14 +172,32 @@ def help_text(defaults, sources):
         line = f"  {key} = {value!r}"
         lines.append(f"{line:36s}  # {comments[key]}" if key in comments else line)
     return "\n".join(lines)
+
+
+def collect_defaults(namespace):
+    """The config keys of a script: its public module-level int/float/bool/str/None variables.
+    Call as collect_defaults(globals()) right after the defaults block."""
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, NONE_OK)}
+
+
 def check_device(device):
     """The device names train.py and sample.py take: raise ConfigError for anything else."""
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
 
 
-def collect_defaults(namespace):
-    """The config keys of a script: its public module-level int/float/bool/str/None variables.
-    Call as collect_defaults(globals()) right after the defaults block."""
-    return {k: v for k, v in namespace.items()
-            if not k.startswith("_") and isinstance(v, NONE_OK)}
+def resolve_device(device, dtype):
+    """(device, device_type, dtype) on this machine. 'auto': cuda if torch sees a GPU, else cpu; bfloat16 on a GPU
+    that supports it, else float16; float32 off the GPU. ConfigError for a name or a device this machine lacks."""
+    import torch  # here, not at the top: prepare.py and report.py never need it
+    check_device(device)
+    if dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda asked for, but torch sees no CUDA GPU (use --device=cpu)")
+    if dtype == "auto":
+        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
+    return device, device_type, dtype

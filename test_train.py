@@ -1,5 +1,5 @@
 """
-Tests of configurator.py, train.py, sample.py and checkpoint.py. The scripts run as users run them
+Tests of configurator.py, train.py, rundir.py, sample.py and checkpoint.py. The scripts run as users run them
 (subprocesses; cases that need no process of their own run in this process through run_here) on tiny
 models and tiny generated data.
 """
@@ -17,6 +17,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 
@@ -74,6 +75,14 @@ def test_config_errors(argv, words):
     assert '\n' not in msg
     for w in words:
         assert w in msg
+
+
+def test_nanogpt_names_are_told_ours():
+    for theirs, ours in [('max_iters', 'train_steps'), ('block_size', 'context_size'), ('learning_rate', 'lr'),
+                         ('eval_interval', 'est_interval'), ('eval_iters', 'est_steps')]:
+        with pytest.raises(ConfigError, match=rf"^unknown config key '{theirs}' on the command line: "
+                                              rf"nanoGPT's {theirs} is {ours} here$"):
+            load_config(train_defaults(), [f'--{theirs}=5'])
 
 
 def test_config_file_errors(tmp_path):
@@ -155,76 +164,32 @@ def test_collect_defaults():
 
 def test_every_config_file_loads():
     # each shipped config names only known keys with the right types, and builds a valid ModelConfig
-    import dataclasses
+    from checkpoint import MODEL_KEYS
     from model import ModelConfig
     defaults = train_defaults()
     for name in sorted(os.listdir(os.path.join(ROOT, 'config'))):
         if name.endswith('.py'):
             c = load_config(defaults, [os.path.join(ROOT, 'config', name)])
-            ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)})
+            ModelConfig(**{k: c[k] for k in MODEL_KEYS})
 
 
-# Every config/*.py as it loaded on commit 5f7bed1, before the files were cut down to what they change:
-# train.py's defaults then, and what each file changed from them (generated once, by load_config).
-START_DEFAULTS = {
-    'out_dir': 'out', 'init_from': 'scratch', 'est_interval': 500, 'est_steps': 200, 'log_interval': 1,
-    'save_interval': 0, 'wandb_log': False, 'wandb_project': 'aed', 'wandb_run_name': '', 'data_dir': 'data',
-    'dataset': 'wikipedia', 'batch_size': 50, 'gradient_accumulation_steps': 16, 'lr': 0.0009, 'min_lr': 9e-05,
-    'warmup_iters': 300, 'lr_decay_iters': 700000, 'decay_lr': True, 'beta1': 0.9, 'beta2': 0.95, 'weight_decay': 0.1,
-    'grad_clip': 0.0, 'train_steps': 9000, 'device': 'auto', 'dtype': 'auto', 'compile': True, 'seed': 1337,
-    'arch': 'aed', 'vocab_size': 50257, 'context_size': 200, 'n_embed': 150, 'n_layer': 13, 'n_head': 5,
-    'dropout_rate': 0.0, 'use_bias': False, 'cross_attn_n_head': None, 'cross_attn_use_bias': None,
-    'order_type': 'ORIGINAL', 'add_ln_before_decoder_ff': False, 'add_pos_embed_to_decoder': False,
-    'sub_pos_embed_to_decoder': 'NO', 'embedding_loss_type': 'NONE', 'embedding_loss_coeff': None,
-    'detach_type': None, 'embedding_ln_type': None, 'use_ln_on_encoder_out': None,
-}
-START_CPU = {  # common to the eight cpu_*.py files (written out in each of them then)
-    'est_interval': 150, 'est_steps': 12, 'log_interval': 50, 'batch_size': 8, 'gradient_accumulation_steps': 1,
-    'lr': 0.002, 'min_lr': 0.0002, 'warmup_iters': 40, 'lr_decay_iters': 600, 'train_steps': 600, 'device': 'cpu',
-    'dtype': 'float32', 'compile': False, 'context_size': 128,
-}
-START_CPU_AED = dict(START_CPU, n_embed=96, n_layer=2, n_head=4, cross_attn_n_head=8, cross_attn_use_bias=False)
-START_LOSS = {'embedding_loss_coeff': 1.0, 'detach_type': 'ENCODER_OUT', 'embedding_ln_type': 'INIT',
-              'use_ln_on_encoder_out': True}
-START_CONFIGS = {
-    'aed_cosine': {'out_dir': 'out-aed-cosine', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
-                   'embedding_loss_type': 'COSINE', **START_LOSS},
-    'aed_mse': {'out_dir': 'out-aed-mse', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
-                'embedding_loss_type': 'MSE', **START_LOSS},
-    'aed_mse_possub': {'out_dir': 'out-aed-mse-possub', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
-                       'sub_pos_embed_to_decoder': 'YES_NO_LN', 'embedding_loss_type': 'MSE',
-                       **START_LOSS, 'embedding_loss_coeff': 8.0},
-    'aed_plain': {'out_dir': 'out-aed-plain', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False},
-    'aed_possub': {'out_dir': 'out-aed-possub', 'cross_attn_n_head': 10, 'cross_attn_use_bias': False,
-                   'sub_pos_embed_to_decoder': 'YES_NO_LN'},
-    'baseline': {'out_dir': 'out-baseline', 'arch': 'gpt', 'n_embed': 160, 'n_layer': 26, 'n_head': 10},
-    'baseline_dropout': {'out_dir': 'out-baseline-dropout', 'arch': 'gpt', 'n_embed': 160, 'n_layer': 26,
-                         'n_head': 10, 'dropout_rate': 0.2},
-    'baseline_small': {'out_dir': 'out-baseline-small', 'arch': 'gpt', 'n_embed': 156, 'n_layer': 26, 'n_head': 12},
-    'cpu_aed_cosine': {'out_dir': 'out-cpu-aed-cosine', **START_CPU_AED, 'embedding_loss_type': 'COSINE',
-                       **START_LOSS},
-    'cpu_aed_mse': {'out_dir': 'out-cpu-aed-mse', **START_CPU_AED, 'embedding_loss_type': 'MSE', **START_LOSS},
-    'cpu_aed_mse_possub': {'out_dir': 'out-cpu-aed-mse-possub', **START_CPU_AED, 'sub_pos_embed_to_decoder': 'YES_NO_LN',
-                           'embedding_loss_type': 'MSE', **START_LOSS, 'embedding_loss_coeff': 8.0},
-    'cpu_aed_plain': {'out_dir': 'out-cpu-aed-plain', **START_CPU_AED},
-    'cpu_aed_possub': {'out_dir': 'out-cpu-aed-possub', **START_CPU_AED, 'sub_pos_embed_to_decoder': 'YES_NO_LN'},
-    'cpu_baseline': {'out_dir': 'out-cpu-baseline', **START_CPU, 'arch': 'gpt', 'n_embed': 98, 'n_layer': 4,
-                     'n_head': 7},
-    'cpu_baseline_dropout': {'out_dir': 'out-cpu-baseline-dropout', **START_CPU, 'arch': 'gpt', 'n_embed': 98,
-                             'n_layer': 4, 'n_head': 7, 'dropout_rate': 0.2},
-    'cpu_baseline_small': {'out_dir': 'out-cpu-baseline-small', **START_CPU, 'arch': 'gpt', 'n_embed': 96,
-                           'n_layer': 4, 'n_head': 8},
-}
-
-
-def test_config_files_load_the_values_they_always_had():
-    """Cutting the config files down to what they change (and letting the CPU ones include() shared files)
-    changed no value of any run: each loads exactly as on commit 5f7bed1 (types included: 1.0 is not 1)."""
+def test_cpu_runs_are_the_authors_runs_at_cpu_size():
+    """Each config/cpu_X.py is the author's run X with the CPU size and config/cpu_common.py's training
+    settings: no model option of X is lost or changed on the way (include order, a stray line)."""
+    from configurator import read_config_file
     defaults = train_defaults()
-    for name, changes in START_CONFIGS.items():
-        loaded = load_config(defaults, [os.path.join(ROOT, 'config', name + '.py')])
-        for key, value in {**START_DEFAULTS, **changes}.items():
-            assert (loaded[key], type(loaded[key])) == (value, type(value)), (name, key)
+    common = read_config_file(os.path.join(ROOT, 'config', 'cpu_common.py'), defaults)
+    size = {'out_dir', 'n_embed', 'n_layer', 'n_head', 'cross_attn_n_head', 'context_size'}
+    names = [n[4:-3] for n in os.listdir(os.path.join(ROOT, 'config')) if n.startswith('cpu_') and n != 'cpu_common.py']
+    assert len(names) == 8
+    for name in names:
+        cpu, gpu = (load_config(defaults, [os.path.join(ROOT, 'config', f)]) for f in (f'cpu_{name}.py', f'{name}.py'))
+        assert {k for k in defaults if cpu[k] != gpu[k]} - size <= set(common), name
+        assert all(cpu[k] == v for k, v in common.items()), name
+        if gpu['arch'] == 'aed':  # the AED's heads as the author set them: cross-attention 2 x n_head
+            assert cpu['cross_attn_n_head'] == 2 * cpu['n_head'], name
+    cpu = load_config(defaults, [os.path.join(ROOT, 'config', 'cpu_aed_mse_possub.py')])
+    assert (cpu['train_steps'], cpu['batch_size'], cpu['context_size'], cpu['lr']) == (600, 8, 128, 2e-3)  # docs
 
 
 def test_config_files_state_only_what_they_change():
@@ -247,13 +212,13 @@ def test_config_files_state_only_what_they_change():
 
 def test_author_configs_param_counts():
     from model import ModelConfig, build_model
-    import dataclasses
+    from checkpoint import MODEL_KEYS
     defaults = train_defaults()
     expect = {'aed_mse_possub': 15_763_500, 'baseline': 16_036_800, 'baseline_small': 15_441_192,
               'baseline_dropout': 16_036_800}
     for name, n in expect.items():
         c = load_config(defaults, [os.path.join(ROOT, 'config', name + '.py')])
-        m = build_model(ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)}))
+        m = build_model(ModelConfig(**{k: c[k] for k in MODEL_KEYS}))
         assert m.get_num_params() == n, name
 
 
@@ -293,6 +258,7 @@ def run_here(script, *args):
         sys.argv = argv
         for sig, h in handlers.items():
             signal.signal(sig, h)
+        signal.set_wakeup_fd(-1)  # train.py's catch_signals: this process's signals are its own again
         gc.collect()  # closes the run's files, and so releases its lock on out_dir
     return subprocess.CompletedProcess([script, *args], status, out.getvalue(), err.getvalue())
 
@@ -302,8 +268,17 @@ def read_log(out_dir):
         return [json.loads(line) for line in f]
 
 
+def read_log_text(raw):
+    return [json.loads(line) for line in raw.decode().splitlines()]
+
+
 def load_ckpt(out_dir, name='last'):
     return torch.load(os.path.join(out_dir, f'ckpt_{name}.pt'), map_location='cpu', weights_only=True)
+
+
+def save_with_checksum(ckpt, path):
+    import checkpoint
+    torch.save(dict(ckpt, checksum=checkpoint.checksum(ckpt)), path)
 
 
 def assert_one_line_error(p, *words):
@@ -351,7 +326,9 @@ def test_train_kill_resume_sample(tmp_path):
     full = str(tmp_path / 'full')
     p = run('train.py', *common, f'--out_dir={full}')
     assert p.returncode == 0, p.stderr
-    assert 'train loss' in p.stdout and 'val loss' in p.stdout and 'tok/s' in p.stdout and 'emb' in p.stdout
+    # the step line's loss is what the optimizer sees, ce + coefficient x emb; the estimates are ce alone
+    assert re.search(r'^step 10/40 \| loss [\d.]+ \(ce [\d.]+ \+ 1 x emb [\d.e+-]+\) \| lr .* tok/s$', p.stdout, re.M)
+    assert re.search(r'^step 10: estimate train ce [\d.]+, val ce [\d.]+', p.stdout, re.M), p.stdout
     log = read_log(full)
     steps = [r for r in log if r['type'] == 'step']
     ests = [r for r in log if r['type'] == 'est']
@@ -434,8 +411,8 @@ def test_run_header_and_expected_time(tmp_path):
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     where = {key: next(i for i, line in enumerate(lines) if line.startswith(key))
-             for key in ('aed model, ', 'compiling the model', 'compiled in', 'step 0: train loss')}
-    assert where['aed model, '] < where['compiling the model'] < where['compiled in'] < where['step 0: train loss']
+             for key in ('aed model, ', 'compiling the model', 'compiled in', 'step 0: estimate')}
+    assert where['aed model, '] < where['compiling the model'] < where['compiled in'] < where['step 0: estimate']
     assert 'about a minute' in lines[where['compiling the model']]
     expected = [line for line in lines if line.startswith('expected: ')]
     assert len(expected) == 2, p.stdout
@@ -446,8 +423,8 @@ def test_run_header_and_expected_time(tmp_path):
 
 
 def test_new_model_keys_train_resume_sample(tmp_path):
-    """The next-step keys (SPEC §6) work from the command line, through resume (where they cannot change) and
-    sample.py; a checkpoint written before the keys existed samples as the model it was (the keys' defaults)."""
+    """The keys beyond the author (docs/model.md, Beyond the author) work from the command line, through resume
+    (where they cannot change) and sample.py."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
     common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--est_interval=2', '--n_layer=2',
@@ -466,17 +443,6 @@ def test_new_model_keys_train_resume_sample(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.count('---------------') == 1
 
-    # an older checkpoint: its config has none of the new keys, so they take their defaults (1 + 1 blocks here)
-    import dataclasses
-    from model import ModelConfig, build_model
-    old = str(tmp_path / 'old')
-    os.makedirs(old)
-    cfg = {k: v for k, v in ckpt['config'].items() if k not in ('n_decoder_layer', 'embedding_agg_type')}
-    cfg['n_layer'] = 1
-    model = build_model(ModelConfig(**{f.name: cfg[f.name] for f in dataclasses.fields(ModelConfig) if f.name in cfg}))
-    torch.save({'model': model.state_dict(), 'config': cfg, 'step': 0}, os.path.join(old, 'ckpt_best.pt'))
-    p = run('sample.py', f'--out_dir={old}', '--num_samples=1', '--max_new_tokens=5', '--device=cpu')
-    assert p.returncode == 0, p.stderr
 
 
 def test_nan_loss_stops_without_saving(tmp_path):
@@ -545,7 +511,7 @@ def test_torchrun_two_processes_match_one(tmp_path):
 
 # ----------------------------------------------------------------------------- the lr schedule
 def author_lr(s, lr, min_lr, warmup_iters, lr_decay_iters):
-    # the author's utils/train.py get_lr, written out (SPEC section 4): s is the 0-based step
+    # the author's get_lr (docs/model.md, The author's lr schedule), written out: s is the 0-based step
     if s + 1 < warmup_iters:
         return lr * (s + 1) / warmup_iters
     if s + 1 > lr_decay_iters:
@@ -606,7 +572,9 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
     assert_one_line_error(p, 'train_tokens (6,001) is more than', 'train.bin holds (6,000)')
     p = run('train.py', *common, '--train_tokens=17', '--train_steps=1', f'--out_dir={tmp_path / "e2"}')
     assert_one_line_error(p, 'train_tokens (17) is too small for one batch')
-# ----------------------------------------------------------------------------- reliability (issue 12)
+
+
+# ----------------------------------------------------------------------------- bad input, damage, signals
 def test_bad_values_and_data_are_one_line(tmp_path):
     nodata = [*TINY, f'--data_dir={tmp_path}', '--dataset=none', f'--out_dir={tmp_path}/out']
     for arg, words in [('--lr=-1', 'lr must be > 0, got -1.0'), ('--lr=0', 'lr must be > 0'),
@@ -634,6 +602,25 @@ def test_bad_values_and_data_are_one_line(tmp_path):
     assert_one_line_error(bad_data('meta_list', meta='[1, 2]'), 'meta.json', 'expected a JSON object')
 
 
+def test_busy_cores_and_a_run_inside_its_warm_up_are_told(tmp_path, monkeypatch):
+    """On a CPU whose cores are busy, the header suggests OMP_NUM_THREADS=1 when torch would use more threads than
+    there are idle cores; a run shorter than its warm-up says that its lr never reaches its peak."""
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(os, 'cpu_count', lambda: 2)
+    try:
+        torch.set_num_threads(2)
+        for load, note in [(1.6, True), (0.0, False)]:
+            monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
+            p = tiny_run(tmp_path / str(load), '--train_steps=3', '--warmup_iters=10')
+            assert p.returncode == 0, p.stderr
+            assert ('note: torch uses 2 threads, but only ~0.4 of' in p.stdout) == note, p.stdout
+            assert 'OMP_NUM_THREADS=1' in p.stdout if note else 'OMP_NUM_THREADS' not in p.stdout
+            assert p.stderr == 'warning: train_steps (3) ends inside the lr warm-up (warmup_iters=10): the lr never ' \
+                               'reaches its peak 0.003\n'
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_nan_weights_are_never_saved(tmp_path):
     """A step with a finite loss but non-finite weights (lr=1e4: the update overflows) stops the run
     before the next save, so ckpt_last.pt stays the last finite one; a diverged checkpoint is refused."""
@@ -650,7 +637,7 @@ def test_nan_weights_are_never_saved(tmp_path):
     # a diverged checkpoint (as the old guard wrote them) is refused, not sampled from
     ckpt['model']['wte.weight'][3, 5] = float('nan')
     del ckpt['checksum']
-    torch.save(ckpt, os.path.join(out, 'ckpt_last.pt'))
+    save_with_checksum(ckpt, os.path.join(out, 'ckpt_last.pt'))
     assert_one_line_error(run_here('sample.py', f'--out_dir={out}', '--checkpoint=last', '--device=cpu'),
                           '1 of', 'weight tensors hold NaN or inf (e.g. wte.weight)')
 
@@ -693,48 +680,79 @@ def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_ckpt, monkey
     build = model.build_model
     monkeypatch.setattr(model, 'build_model', build_guarded)
     ckpt = load_ckpt(tiny_ckpt, 'best')
-    del ckpt['checksum']  # a hand-made file: no checksum to fail
+    del ckpt['checksum']
     for change, words in [({'n_layer': 400, 'n_embed': 1024, 'n_head': 8}, 'its config (n_layer=400) means'),
                           ({'n_embed': 32}, 'wte.weight is (1024, 16) in the file')]:
-        torch.save(dict(ckpt, config=dict(ckpt['config'], **change)), path)
+        save_with_checksum(dict(ckpt, config=dict(ckpt['config'], **change)), path)  # a checksum is no signature
         assert_one_line_error(sample(), path, words)
     monkeypatch.setattr(model, 'build_model', build)
 
-    # a resume from a checkpoint that lacks keys, and a prompt file that is not text
-    torch.save({k: v for k, v in ckpt.items() if k not in ('optimizer', 'rng')}, os.path.join(out, 'ckpt_last.pt'))
+    # a resume from a checkpoint that lacks keys, a config that lacks a model key, a prompt file that is not text
+    save_with_checksum({k: v for k, v in ckpt.items() if k not in ('optimizer', 'rng')}, os.path.join(out, 'ckpt_last.pt'))
     assert_one_line_error(run_here('train.py', f'--out_dir={out}', '--init_from=resume'),
                           'ckpt_last.pt lacks optimizer, rng')
+    save_with_checksum(dict(ckpt, config={k: v for k, v in ckpt['config'].items() if k != 'n_decoder_layer'}), path)
+    assert_one_line_error(sample(), path, "its config lacks 'n_decoder_layer'")
+    torch.save(ckpt, path)  # no checksum at all
+    assert_one_line_error(sample(), path, 'lacks checksum')
     shutil.copy(os.path.join(tiny_ckpt, 'ckpt_best.pt'), path)
     (tmp_path / 'prompt.bin').write_bytes(b'\x89PNG\r\n\x1a\n\x00\x00')
     assert_one_line_error(sample(f'--start=FILE:{tmp_path}/prompt.bin'), 'prompt.bin is not UTF-8 text')
 
 
 def test_full_disk_during_save(tmp_path, monkeypatch):
+    """A full disk during a save: one line that names the file system, the file and the checkpoint still there,
+    and no .tmp left to keep the disk full. torch.save reports a failed write as its own RuntimeError
+    ('[enforce fail at inline_container.cc] unexpected pos ...'), so the disk fills inside torch.save here."""
     import checkpoint
-    # the kernel's own "disk full" (/dev/full): one line, and no temporary file left to keep the disk full
     path = str(tmp_path / 'ckpt.pt')
-    os.symlink('/dev/full', path + '.tmp')
-    with pytest.raises(checkpoint.CheckpointError, match=r'cannot write .*ckpt.pt: No space left on device'):
+    os.symlink('/dev/full', path + '.tmp')  # the kernel's own "disk full"
+    with pytest.raises(checkpoint.CheckpointError, match=rf'^no space left on /\S* while saving {re.escape(path)}$'):
         checkpoint.save({'x': torch.zeros(100000)}, path)
     assert os.listdir(tmp_path) == []
-    # the same in a run: it stops with one line that says which checkpoint is still there
+
+    class FillsUp(io.FileIO):  # ckpt_last.pt's save after step 4 meets a full disk 1000 bytes in
+        def write(self, b):
+            if self.name.endswith('ckpt_last.pt.tmp') and steps_done() >= 4 and self.tell() > 1000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(b)
+    steps_done = lambda: 4
+    with FillsUp(str(tmp_path / 'ckpt_last.pt.tmp'), 'wb') as f, pytest.raises(RuntimeError, match='unexpected pos'):
+        torch.save({'x': torch.zeros(100000)}, f)  # torch's own error: the OSError is only its context
+    os.remove(tmp_path / 'ckpt_last.pt.tmp')
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
-    real = os.fsync
-    def fsync_full(fd):
-        if os.readlink(f'/proc/self/fd/{fd}').endswith('ckpt_last.pt.tmp') and steps_done() >= 4:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(fd)
     steps_done = lambda: sum(r['type'] == 'step' for r in read_log(out))
-    monkeypatch.setattr(os, 'fsync', fsync_full)
+    monkeypatch.setattr(checkpoint, 'open', FillsUp, raising=False)
     p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=8',
                  '--est_interval=2')
-    monkeypatch.setattr(os, 'fsync', real)
-    assert_one_line_error(p, f"cannot write {os.path.join(out, 'ckpt_last.pt')}: No space left on device; "
-                             f"stopped at step 4: the last checkpoint, {os.path.join(out, 'ckpt_last.pt')}, "
-                             f"is from step 2")
+    last = os.path.join(out, 'ckpt_last.pt')
+    mount = re.escape(subprocess.run(['df', '--output=target', out], capture_output=True, text=True).stdout.split()[-1])
+    assert_one_line_error(p)
+    assert re.fullmatch(rf"error: no space left on {mount} while saving {re.escape(last)}; stopped at step 4: the last "
+                        rf"checkpoint, {re.escape(last)}, is from step 2: continue with --init_from=resume "
+                        rf"--out_dir={re.escape(out)}\n", p.stderr), p.stderr
     assert sorted(os.listdir(out)) == ['.lock', 'ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl', 'summary.json']
     assert load_ckpt(out)['step'] == 2
+
+
+def test_full_disk_on_a_real_file_system(tmp_path):
+    """The same on a small tmpfs, where the kernel itself runs out of space (needs root: skipped elsewhere)."""
+    disk = tmp_path / 'small'
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=500k', 'tmpfs', str(disk)],
+                                           capture_output=True).returncode:
+        pytest.skip('cannot mount a tmpfs here')
+    try:
+        data = make_data(tmp_path)
+        out = str(disk / 'out')  # a checkpoint is ~330 KB: the disk fills after a save or two
+        p = run('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=8',
+                '--est_interval=2')
+        assert_one_line_error(p, f"no space left on {disk} while saving {out}/ckpt_last.pt; stopped at step ")
+        kept = int(re.search(r'is from step (\d+)', p.stderr)[1])
+        assert load_ckpt(out)['step'] == kept and not [f for f in os.listdir(out) if f.endswith('.tmp')]
+    finally:
+        subprocess.run(['umount', str(disk)])
 
 
 def tiny_run(tmp_path, *args):
@@ -751,8 +769,18 @@ def test_scratch_run_never_replaces_a_run(tmp_path):
     assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), f'{out} already holds a run', '--init_from=resume',
                           '--overwrite=True')
     assert open(os.path.join(out, 'log.jsonl'), 'rb').read() == log
-    os.remove(os.path.join(out, 'ckpt_last.pt'))  # killed before its first save: the log alone counts
-    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), 'already holds a run (log.jsonl)')
+    os.remove(os.path.join(out, 'ckpt_last.pt'))  # a log of steps without their checkpoint: it still counts
+    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), 'already holds a run (log.jsonl)', '--overwrite=True')
+    assert_one_line_error(tiny_run(tmp_path, '--init_from=resume'), 'no checkpoint at', '--overwrite=True')
+    # killed before its first checkpoint: the log has no step, nothing is lost by starting over, and the advice
+    # of a resume leads there
+    with open(os.path.join(out, 'log.jsonl'), 'w') as f:
+        f.write(json.dumps(read_log_text(log)[0]) + '\n')
+    assert_one_line_error(tiny_run(tmp_path, '--init_from=resume'), 'no checkpoint at',
+                          'stopped before its first save: start it over with --overwrite=True')
+    p = tiny_run(tmp_path, '--train_steps=1')
+    assert p.returncode == 0 and 'stopped before its first checkpoint: starting it over' in p.stdout, p.stderr
+    assert load_ckpt(out)['step'] == 1
     p = tiny_run(tmp_path, '--train_steps=2', '--overwrite=True')  # starting over on purpose
     assert p.returncode == 0, p.stderr
     assert read_log(out)[0]['type'] == 'start' and load_ckpt(out)['step'] == 2
@@ -781,6 +809,13 @@ def test_resume_repairs_best_and_summary(tmp_path):
     for k in ('status', 'step', 'best_val_loss', 'final_train_loss', 'final_val_loss', 'tokens_seen'):
         assert repaired[k] == summary[k], k
     assert repaired['status'] == 'finished'
+    # a finished run says so and how to go on; what a resume changes is printed, one line a key
+    assert 'the run is finished at step 10; to train further, --train_steps=20 (or any number above 10)' in p.stdout
+    (tmp_path / 'b8.py').write_text('batch_size = 8\n')  # the run's batch is 4
+    p = tiny_run(tmp_path, '--init_from=resume', str(tmp_path / 'b8.py'), '--train_steps=11')
+    assert p.returncode == 0, p.stderr
+    assert re.findall('^resume changes .*$', p.stdout, re.M) == ['resume changes batch_size: 4 -> 8',
+                                                                  'resume changes train_steps: 10 -> 11'], p.stdout
 
 
 def test_resume_drops_a_torn_log_line(tmp_path):
@@ -836,6 +871,68 @@ def test_one_run_per_out_dir_and_signals(tmp_path):
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 143 and err.startswith('error: interrupted by SIGTERM at step '), err
     assert len(err.strip().splitlines()) == 1 and not [f for f in os.listdir(out) if f.endswith('.tmp')]
+
+
+def threads(pid):
+    return len(os.listdir(f'/proc/{pid}/task'))
+
+
+def test_ctrl_c_at_any_moment(tmp_path):
+    """Ctrl-C ends a run with one line and exit 130 at any moment: during `import torch` (seconds, before anything
+    is set up), and in the middle of a torch op that takes minutes (a config too big for the machine, where a
+    Python signal handler would wait for the op to return). Such a config says what its estimate will cost first."""
+    proc = subprocess.Popen([PY, 'train.py', '--device=cpu'], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 1  # the signal thread starts before `import torch`
+    while threads(proc.pid) < 2 and time.time() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (130, '', 'error: interrupted by SIGINT while starting\n'), err
+
+    # context 20000: one sequence's attention takes seconds, a batch's many, in one op
+    data = make_data(tmp_path, n_train=25000, n_val=25000)
+    proc = subprocess.Popen([PY, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={tmp_path}/out',
+                             '--context_size=20000', '--batch_size=8', '--est_steps=200'], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, watchdog = [], threading.Timer(90, proc.kill)  # a run that never says it: killed, and the test fails
+    watchdog.start()
+    while not lines or not lines[-1].startswith('estimating the loss'):
+        lines.append(proc.stdout.readline())
+        assert lines[-1], 'the run ended: ' + proc.stderr.read()
+    watchdog.cancel()
+    assert re.fullmatch(r'estimating the loss on 2 x 200 batches: ~[\d.]+ (min|h) or more; too big for this CPU \(the '
+                        r'CPU presets, config/cpu_aed_mse_possub.py and config/cpu_baseline.py, take ~5 min\)\n',
+                        lines[-1]), lines[-1]
+    time.sleep(1)  # inside the estimate's first batch
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert time.time() - t0 < 5 and proc.returncode == 130, (time.time() - t0, err)
+    assert err == 'error: interrupted by SIGINT at step 0; no checkpoint was saved yet (the same command starts the ' \
+                  'run over)\n', err
+
+
+def test_ctrl_c_under_torchrun(tmp_path):
+    """Ctrl-C reaches torchrun, which passes it on to its workers: rank 0 says where the run stopped and how to go
+    on, in one line (torchrun then prints its own traceback)."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'ddp')
+    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
+                                 *TINY, f'--data_dir={data}', '--dataset=tiny', '--train_steps=100000',
+                                 '--est_interval=5', '--log_interval=1000', f'--out_dir={out}'],
+                                cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
+                                          and sum(r['type'] == 'step' for r in read_log(out)) >= 6):
+        assert torchrun.poll() is None, 'torchrun ended early: ' + torchrun.stderr.read()
+        time.sleep(0.1)
+    torchrun.send_signal(signal.SIGINT)
+    err = torchrun.communicate(timeout=60)[1]
+    ours = [line for line in err.splitlines() if line.startswith('error: ')]
+    assert len(ours) == 1 and re.fullmatch(rf"error: interrupted by SIGINT at step \d+; the last checkpoint, "
+                                           rf"{re.escape(out)}/ckpt_last.pt, is from step {load_ckpt(out)['step']}: "
+                                           rf"continue with --init_from=resume --out_dir={re.escape(out)}", ours[0]), err
 
 
 def test_ddp_timeout(tmp_path):
