@@ -300,7 +300,7 @@ class Transformer(nn.Module):
             # (L, L), zero above the diagonal by construction: only the packed s <= t entries are written
             W = E.new_zeros(L, L).index_put(tuple(self.embedding_agg_index), self.embedding_agg.to(E.dtype))
             return W[:T, :T] @ E  # (T, T) @ (B, T, C) -> (B, T, C)
-        return cumulative_mean(E)
+        return cumsum_time(E) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)
 
     def embedding_distance(self, avg, target):
         """The embedding loss: MSE, or the mean over positions of 1 - (cos + 1) / 2 or of -log((cos + 1) / 2)."""
@@ -389,11 +389,15 @@ def build_model(config):
     return Transformer(config)
 
 
-@torch.compiler.disable  # Inductor's CUDA code for this cumsum fails to compile (torch 2.11, H100); eager costs ~nothing
-def cumulative_mean(E):
-    T = E.size(1)
-    return E.cumsum(dim=1) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)  # (B, T, C)
+# x.cumsum(dim=1) as an operator torch.compile keeps in its graph, running eager's ATen kernel: Inductor's own code
+# for it failed to compile on CUDA (docs/gpu.md, The cumsum graph break). Neither compiled nor a graph break.
+@torch.library.custom_op("aed::cumsum_time", mutates_args=())
+def cumsum_time(x: torch.Tensor) -> torch.Tensor:
+    return x.cumsum(dim=1)
 
+
+cumsum_time.register_fake(lambda x: torch.empty_like(x))
+cumsum_time.register_autograd(lambda ctx, grad: cumsum_time(grad.flip(1)).flip(1))  # ATen's cumsum backward
 
 # one chunk's fp32 logits at most 32 MB: glibc's malloc reuses it, no fresh pages (page faults: 40% of a CPU step)
 CHUNK_ELEMENTS = 8 * 1024 * 1024
