@@ -27,6 +27,7 @@ EMBEDDING_LOSS_DEFAULTS = {"embedding_loss_coeff": 1.0, "detach_type": "ENCODER_
 class ModelConfig:
     arch: str = "aed"  # "gpt" (decoder-only baseline) or "aed"
     vocab_size: int = 50257  # GPT-2's BPE vocabulary
+    vocab_pad_multiple: int = 1  # wte's rows rounded up to a multiple of this (e.g. 64, for GPU matmuls); same outputs
     context_size: int = 200  # tokens per sequence (and rows of wpe)
     n_embed: int = 150  # width C
     n_layer: int = 13  # AED: n_layer encoder blocks + n_decoder_layer decoder blocks
@@ -66,8 +67,8 @@ class ModelConfig:
             self.n_decoder_layer = self.n_layer if self.n_decoder_layer is None else self.n_decoder_layer
             self.cross_attn_n_head = 2 * self.n_head if self.cross_attn_n_head is None else self.cross_attn_n_head
             self.cross_attn_use_bias = self.use_bias if self.cross_attn_use_bias is None else self.cross_attn_use_bias
-        for name in ("vocab_size", "context_size", "n_embed", "n_layer", "n_head", "n_decoder_layer",
-                     "cross_attn_n_head"):
+        for name in ("vocab_size", "vocab_pad_multiple", "context_size", "n_embed", "n_layer", "n_head",
+                     "n_decoder_layer", "cross_attn_n_head"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("n_head", "cross_attn_n_head"):
@@ -180,7 +181,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = c = config
         C, aed = c.n_embed, c.arch == "aed"
-        self.wte = nn.Embedding(c.vocab_size, C)  # tied to the output head: logits = out @ wte.weight.T
+        # tied to the output head (logits = out @ wte.T); rows up to a multiple of vocab_pad_multiple, the extra unused
+        self.wte = nn.Embedding(-(-c.vocab_size // c.vocab_pad_multiple) * c.vocab_pad_multiple, C)
         shift_pos = (aed and c.add_pos_embed_to_decoder) or c.sub_pos_embed_to_decoder != "NO"  # uses wpe[1..T]
         self.wpe = nn.Embedding(c.context_size + int(shift_pos), C)  # one row past the context when shifted
         self.drop = nn.Dropout(c.dropout_rate)
@@ -219,8 +221,9 @@ class Transformer(nn.Module):
             nn.init.zeros_(module.bias)
 
     def get_num_params(self):
-        """As the author counts: all parameters, the tied wte once, minus wpe."""
-        return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
+        """As the author counts: all parameters, the tied wte once, minus wpe (and minus wte's padding rows)."""
+        padding = (self.wte.weight.size(0) - self.config.vocab_size) * self.config.n_embed
+        return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel() - padding
 
     def flops_per_token(self):
         """Training FLOPs per token at T = context_size (PaLM, nanoGPT): 6 N + 12 T C per attention layer."""
@@ -253,8 +256,8 @@ class Transformer(nn.Module):
         return out, E, enc
 
     def head(self, out):
-        """The tied output head: logits (..., vocab_size) = out @ wte.T."""
-        return F.linear(out, self.wte.weight)
+        """The tied output head: logits (..., vocab_size) = out @ wte.T, wte's padding rows left out."""
+        return F.linear(out, self.wte.weight)[..., :self.config.vocab_size]
 
     def forward(self, idx, targets=None, return_logits=True):
         """idx, targets: (B, T) -> (logits (B, T, vocab_size) or None, loss or None). The loss: ce + coeff * embedding
@@ -268,7 +271,7 @@ class Transformer(nn.Module):
         if logits is not None:
             ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
         else:
-            ce = chunked_cross_entropy(out.view(-1, c.n_embed), self.wte.weight, targets.view(-1))
+            ce = chunked_cross_entropy(out.view(-1, c.n_embed), self.wte.weight[:c.vocab_size], targets.view(-1))
         loss, emb = ce, None
         if self.training and enc is not None and c.embedding_loss_type != "NONE":
             emb = self.embedding_distance(*self.embedding_pair(E, enc))

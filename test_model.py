@@ -926,6 +926,65 @@ def test_return_logits_false_same_loss_and_grads(kw, chunk_rows, monkeypatch):
         torch.testing.assert_close(m(x, y, return_logits=False)[1], m(x, y)[1], atol=1e-5, rtol=1e-5)
 
 
+def padded_pair(arch, vocab_size=50, multiple=64):
+    """The same model (float64) without and with vocab_pad_multiple: the same weights in the real rows of wte, and
+    random ones in the padding rows, so that any use of them would show."""
+    kw = dict(embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="NONE") if arch == "aed" else {}
+    cfg = tiny(arch=arch, vocab_size=vocab_size, context_size=8, sub_pos_embed_to_decoder="YES_NO_LN", **kw)
+    plain = make(cfg).double().train()
+    padded = build_model(dataclasses.replace(cfg, vocab_pad_multiple=multiple)).double().train()
+    state = plain.state_dict()
+    state["wte.weight"] = torch.cat((state["wte.weight"], torch.randn(padded.wte.weight.size(0) - vocab_size,
+                                                                      cfg.n_embed, dtype=torch.float64)))
+    padded.load_state_dict(state)
+    return cfg, plain, padded
+
+
+@pytest.mark.parametrize("arch", ["gpt", "aed"])
+@pytest.mark.parametrize("return_logits", [True, False], ids=["full-logits", "chunked"])
+def test_vocab_padding_changes_no_output(arch, return_logits):
+    """vocab_pad_multiple=64 gives wte 64 rows for a vocabulary of 50, and nothing else changes: with the same
+    weights in the real rows, the loss, the logits (vocab_size wide) and every gradient equal the unpadded model's
+    (float64), on the full-logits and the chunked path; the padding rows get no gradient, and get_num_params does
+    not count them."""
+    cfg, plain, padded = padded_pair(arch)
+    assert tuple(padded.wte.weight.shape) == (64, cfg.n_embed) and tuple(plain.wte.weight.shape) == (50, cfg.n_embed)
+    assert padded.get_num_params() == plain.get_num_params()
+    assert padded.flops_per_token() == plain.flops_per_token()
+    x, y = batch(cfg, B=3)
+    (logits_p, loss_p), (logits_u, loss_u) = padded(x, y, return_logits), plain(x, y, return_logits)
+    torch.testing.assert_close(loss_p, loss_u, atol=1e-12, rtol=1e-12)
+    if return_logits:
+        assert logits_p.shape == (3, cfg.context_size, cfg.vocab_size)
+        torch.testing.assert_close(logits_p, logits_u, atol=1e-12, rtol=1e-12)
+    loss_p.backward()
+    loss_u.backward()
+    g_p, g_u = grads(padded), grads(plain)
+    assert torch.all(g_p["wte.weight"][cfg.vocab_size:] == 0)
+    g_p["wte.weight"] = g_p["wte.weight"][:cfg.vocab_size]
+    for name in g_u:
+        torch.testing.assert_close(g_p[name], g_u[name], atol=1e-12, rtol=1e-10, msg=name)
+    assert g_u["wte.weight"].abs().max() > 0
+
+
+@pytest.mark.parametrize("arch", ["gpt", "aed"])
+def test_vocab_padding_generates_the_same_tokens(arch):
+    """A padded model generates what the unpadded one does, greedy and sampled with the same seed, with and
+    without the KV cache: its logits are vocab_size wide, so a padding id can never be drawn."""
+    cfg, plain, padded = padded_pair(arch)
+    plain.eval(), padded.eval()
+    with torch.no_grad():
+        padded.wte.weight[cfg.vocab_size:] = 100.0 * padded.wte.weight[:cfg.vocab_size].abs().max()  # loud rows
+    prompt, _ = batch(cfg, T=3)
+    for kw in (dict(top_k=1), dict(temperature=2.0), dict(temperature=2.0, kv_cache=False)):
+        out = []
+        for m in (padded, plain):
+            torch.manual_seed(7)
+            out.append(m.generate(prompt, max_new_tokens=10, **kw))
+        assert torch.equal(out[0], out[1]), kw
+        assert out[0].max() < cfg.vocab_size
+
+
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
 def test_overfit_one_batch(arch):
     """A tiny model of each architecture memorizes one small batch: ce from ~ln(64) = 4.2 to below 0.5."""
@@ -979,6 +1038,8 @@ INVALID = [
     (dict(n_decoder_layer=0), "n_decoder_layer"),
     (dict(n_decoder_layer=1.5), "n_decoder_layer"),
     (dict(n_decoder_layer=True), "n_decoder_layer"),
+    (dict(vocab_pad_multiple=0), "vocab_pad_multiple"),
+    (dict(vocab_pad_multiple=64.0), "vocab_pad_multiple"),
 ] + [
     # AED-only options with arch="gpt"
     (dict(arch="gpt", **{k: v}), k) for k, v in [
