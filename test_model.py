@@ -985,6 +985,35 @@ def test_vocab_padding_generates_the_same_tokens(arch):
         assert out[0].max() < cfg.vocab_size
 
 
+@pytest.mark.parametrize("kw", [dict(arch="gpt"),
+                                dict(embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="NONE"),
+                                dict(embedding_loss_type="COSINE", sub_pos_embed_to_decoder="YES_NO_LN")],
+                         ids=["gpt", "aed-mse", "aed-cosine"])
+@pytest.mark.parametrize("return_logits", [True, False], ids=["full-logits", "chunked"])
+def test_micro_batches_give_the_same_gradients(kw, return_logits):
+    """The same 8 sequences a step, as 1 micro-batch of 8, 2 of 4, 4 of 2 or 8 of 1, each loss divided by the
+    number of micro-batches and the gradients accumulated (as train.py does), give the same gradients (float64).
+    Both parts of the loss are means over the micro-batch: ce over its B * T positions, the embedding loss over its
+    B * T * C values (MSE) or B * T positions (COSINE), each of the author's cumulative means within one sequence.
+    So with micro-batches of equal size the mean of their means is the mean over the whole step, and the split
+    changes nothing but rounding; micro-batches of unequal size would weigh their tokens unequally."""
+    cfg = tiny(context_size=8, **kw)
+    m = make(cfg).double().train()
+    x, y = batch(cfg, B=8)
+    result = {}
+    for micro_steps in (1, 2, 4, 8):
+        for xs, ys in zip(x.chunk(micro_steps), y.chunk(micro_steps)):
+            _, loss = m(xs, ys, return_logits)
+            (loss / micro_steps).backward()
+        result[micro_steps] = grads(m)
+        m.zero_grad(set_to_none=True)
+    tol = dict(atol=1e-14, rtol=1e-11) if return_logits else dict(atol=1e-8, rtol=1e-5)  # chunked: fp32 logits
+    for micro_steps in (2, 4, 8):
+        for name, g in result[1].items():
+            torch.testing.assert_close(result[micro_steps][name], g, **tol, msg=name)
+    assert all(g.abs().max() > 0 for n, g in result[1].items() if n != "embedding_agg")
+
+
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
 def test_overfit_one_batch(arch):
     """A tiny model of each architecture memorizes one small batch: ce from ~ln(64) = 4.2 to below 0.5."""
