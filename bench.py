@@ -7,27 +7,15 @@ Speed and memory of the whole pipeline, measured on this machine:
   5. peak memory of a training step, with and without the full (B, T, vocab) logits
 Prints a table and writes the figures as JSON (out_json).
 
-    python bench.py                     # 7.3 minutes on 2 idle CPU cores, cold compile cache (see README)
+    python bench.py                     # docs/performance.md says how long, on what
     python bench.py --sections=memory   # some sections only (train, generate, data, prepare, memory)
     python bench.py --quick             # about a minute
 
 Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of each in
 turn, and the median is reported, so their ratio is measured under the same conditions. Run it on an idle
 machine: with another process on one of the 2 cores, 2 OpenMP threads wait on each other and every figure
-can be many times worse.
-
-These changes cut the full run's work (it took 535 s before them), measuring the same figures:
-  - the nanoGPT reference config and the small AED run as one interleaved group: the small pair's GPT is
-    the same model and step as "ours" on the reference config, so it is built, compiled and timed once
-  - uncached generation times one token at every 8th length (25 of the 199) rather than all 199: a token's
-    cost grows smoothly with the length, so their mean is the same figure, in an eighth of the time
-  - the memory probes fork from a server that imported torch once, instead of each importing it, and a
-    model's two probes run side by side (nothing there is timed)
-  - training steps: the median of 5 interleaved rounds, not 7 (generation keeps its 2)
-  - data loading: 8 training steps instead of 12 (the median of 6); prepare: the text x 4 (20 MB), not x 8
-Since them the full run took 436 s on 2 idle cores with torch's on-disk compile cache cold (the first run, or
-after a change to model.py): 212 s of it compiled the four one-token steps (39-69 s each), which with the
-cache warm are loads from it instead, so the run would take about 225 s plus those loads.
+can be many times worse. Uncached generation is timed at every 8th length (see uncached_lengths), and the
+memory probes fork from a server that imported torch once.
 """
 
 import json
@@ -58,7 +46,7 @@ defaults = collect_defaults(globals())
 NANOGPT_REF = dict(arch="gpt", n_layer=4, n_embed=128, n_head=4, context_size=128)
 SMALL_AED = dict(arch="aed", n_layer=2, n_embed=128, n_head=4, context_size=128, embedding_loss_type="MSE",
                  embedding_loss_coeff=8.0, sub_pos_embed_to_decoder="YES_NO_LN")
-# the author's two headline models (SPEC §2, §4)
+# the author's two headline models (docs/model.md, The author's runs)
 AUTHOR_GPT = dict(arch="gpt", n_layer=26, n_embed=160, n_head=10, context_size=200)
 AUTHOR_AED = dict(arch="aed", n_layer=13, n_embed=150, n_head=5, cross_attn_n_head=10, context_size=200,
                   embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="ENCODER_OUT",
