@@ -5,29 +5,21 @@ Speed and memory of the whole pipeline, measured on this machine:
   3. data loading from the memmap, as a share of a training step (read from train.py's own log)
   4. prepare.py's tokenization against tiktoken's encode_ordinary_batch with all cores
   5. peak memory of a training step, with and without the full (B, T, vocab) logits
+  6. (step, only when asked for) the author's training step in variants side by side: the whole step as one
+     compiled graph or with the cumulative mean outside it, wte padded to 64 rows or not, and the same sequences a
+     step in different numbers of micro-batches (made for a GPU; see bench_step)
 Prints a table and writes the figures as JSON (out_json).
 
-    python bench.py                     # 7.3 minutes on 2 idle CPU cores, cold compile cache (see README)
-    python bench.py --sections=memory   # some sections only (train, generate, data, prepare, memory)
+    python bench.py                     # sections 1-5; docs/performance.md says how long, on what
+    python bench.py --sections=memory   # some sections only (train, generate, data, prepare, memory, step)
     python bench.py --quick             # about a minute
+    python bench.py --sections=step --micro_batches=16,4,1    # on a GPU: the author's step, three ways to split it
 
 Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of each in
 turn, and the median is reported, so their ratio is measured under the same conditions. Run it on an idle
 machine: with another process on one of the 2 cores, 2 OpenMP threads wait on each other and every figure
-can be many times worse.
-
-These changes cut the full run's work (it took 535 s before them), measuring the same figures:
-  - the nanoGPT reference config and the small AED run as one interleaved group: the small pair's GPT is
-    the same model and step as "ours" on the reference config, so it is built, compiled and timed once
-  - uncached generation times one token at every 8th length (25 of the 199) rather than all 199: a token's
-    cost grows smoothly with the length, so their mean is the same figure, in an eighth of the time
-  - the memory probes fork from a server that imported torch once, instead of each importing it, and a
-    model's two probes run side by side (nothing there is timed)
-  - training steps: the median of 5 interleaved rounds, not 7 (generation keeps its 2)
-  - data loading: 8 training steps instead of 12 (the median of 6); prepare: the text x 4 (20 MB), not x 8
-Since them the full run took 436 s on 2 idle cores with torch's on-disk compile cache cold (the first run, or
-after a change to model.py): 212 s of it compiled the four one-token steps (39-69 s each), which with the
-cache warm are loads from it instead, so the run would take about 225 s plus those loads.
+can be many times worse. Uncached generation is timed at every 8th length (see uncached_lengths), and the
+memory probes fork from a server that imported torch once.
 """
 
 import json
@@ -50,7 +42,10 @@ quick = False  # about a minute instead of about seven (small models only, no co
 device = "auto"  # 'auto' (cuda if available), 'cpu', 'cuda'
 repeats = 0  # timed repetitions per measurement (generation: a third as many); 0: 3 with quick, else 5
 out_json = "bench.json"
-sections = "train,generate,data,prepare,memory"  # which parts to run, comma-separated
+sections = "train,generate,data,prepare,memory"  # which parts to run, comma-separated (step: only when named)
+micro_batches = "auto"  # step: micro-batches a step's sequences are split into, e.g. 16,4,1; auto: 16,4,1 (CUDA), 2,1
+step_sequences = 0  # step: sequences a step; 0: the author's 800 (50 x 16) on CUDA, 4 on CPU (2 with quick)
+step_models = "aed,gpt"  # step: which of the author's two key models (config/aed_mse_possub.py, config/baseline.py)
 # -----------------------------------------------------------------------------
 defaults = collect_defaults(globals())
 
@@ -58,7 +53,7 @@ defaults = collect_defaults(globals())
 NANOGPT_REF = dict(arch="gpt", n_layer=4, n_embed=128, n_head=4, context_size=128)
 SMALL_AED = dict(arch="aed", n_layer=2, n_embed=128, n_head=4, context_size=128, embedding_loss_type="MSE",
                  embedding_loss_coeff=8.0, sub_pos_embed_to_decoder="YES_NO_LN")
-# the author's two headline models (SPEC §2, §4)
+# the author's two headline models (docs/model.md, The author's runs)
 AUTHOR_GPT = dict(arch="gpt", n_layer=26, n_embed=160, n_head=10, context_size=200)
 AUTHOR_AED = dict(arch="aed", n_layer=13, n_embed=150, n_head=5, cross_attn_n_head=10, context_size=200,
                   embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="ENCODER_OUT",
@@ -84,11 +79,12 @@ def sync():
         torch.cuda.synchronize()
 
 
-def interleaved(fns, n):
+def interleaved(fns, n, warm_up=True):
     """Median seconds of each fn in fns (a dict), running one call of each in turn, n rounds, after a warm-up."""
     times = {name: [] for name in fns}
     for name, fn in fns.items():
-        fn()  # warm-up (and compilation)
+        if warm_up:
+            fn()  # (and compilation)
     for _ in range(n):
         for name, fn in fns.items():
             sync()
@@ -199,6 +195,92 @@ def bench_train():
         record("GPT author 16M eager", AUTHOR_GPT, bs, t["gpt"], rg)
         pair("author 16M", "eager", "AED author 16M eager", "GPT author 16M eager")
     results["train"] = rows
+
+
+def step_variants(kw, compiled):
+    """The step section's variants of the model kw, as {label: (model kwargs, mean_outside_graph)}: the default
+    (compiled, the whole step is one graph); wte padded to a multiple of 64 rows (vocab 50304); and, compiled with
+    the embedding loss on, its cumulative mean run eagerly outside the graph (a graph break on each side)."""
+    base = "one graph" if compiled else "eager"
+    variants = {base: (kw, False), f"{base}, vocab padded to 64": (dict(kw, vocab_pad_multiple=64), False)}
+    if compiled and kw.get("embedding_loss_type", "NONE") != "NONE":
+        variants = {"graph break at the cumulative mean": (kw, True), **variants}
+    return variants
+
+
+def author_step_fn(model_kwargs, n_sequences, n_micro, compiled, mean_outside_graph=False):
+    """One optimizer step as train.py runs it on this device: n_sequences sequences in n_micro micro-batches, each
+    loss / n_micro, the gradients accumulated; full logits and bf16 autocast on CUDA, the chunked loss on CPU."""
+    torch.manual_seed(0)
+    raw = build_model(ModelConfig(**model_kwargs)).to(device)
+    if mean_outside_graph:
+        raw.aggregate = torch.compiler.disable(raw.aggregate)  # what torch.compile then cannot see
+    optimizer = raw.configure_optimizers(0.1, 9e-4, (0.9, 0.95), device_type)
+    model = torch.compile(raw, dynamic=False) if compiled else raw
+    T, V = raw.config.context_size, raw.config.vocab_size
+    x = torch.randint(0, V, (n_sequences, T), device=device).chunk(n_micro)
+    y = torch.randint(0, V, (n_sequences, T), device=device).chunk(n_micro)
+
+    def step():
+        for xs, ys in zip(x, y):
+            with autocast():
+                _, loss = model(xs, ys, return_logits=device_type == "cuda")
+            (loss / n_micro).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step, raw
+
+
+def bench_step():
+    """The author's training step (config/aed_mse_possub.py, config/baseline.py; quick: the small models), in
+    variants timed side by side (step_variants) for each split of the step's sequences into micro-batches
+    (micro_batches: 16 is the author's 16 x 50, 1 one micro-batch of 800). Compiled on CUDA, with the first
+    step's time (compiling) and peak memory; eager on CPU, where the graph variants are one computation."""
+    rows = []
+    compiled = device_type == "cuda"
+    peak = results["matmul_peak_flops"]
+    models = {"aed": SMALL_AED if quick else AUTHOR_AED, "gpt": NANOGPT_REF if quick else AUTHOR_GPT}
+    for name in step_models.split(","):
+        for n_micro in step_splits:
+            label = f"{name}, {step_n_sequences} sequences in {n_micro} micro-batch(es)"
+            print(f"step, {label}{', compiled' if compiled else ', eager'}:", flush=True)
+            fns, raws, first = {}, {}, {}
+            torch._dynamo.reset()  # each group compiles afresh: past 8 compiled models dynamo would run eagerly
+            try:
+                for variant, (kw, outside) in step_variants(models[name], compiled).items():
+                    fns[variant], raws[variant] = author_step_fn(kw, step_n_sequences, n_micro, compiled, outside)
+                    if compiled:
+                        torch.cuda.reset_peak_memory_stats()
+                        before = torch.cuda.memory_allocated()
+                    t0 = time.perf_counter()
+                    fns[variant]()  # compiles, when compiled
+                    sync()
+                    first[variant] = (time.perf_counter() - t0,  # and the step's peak memory above what it found
+                                      (torch.cuda.max_memory_allocated() - before) / 2 ** 20 if compiled else None)
+                times = interleaved(fns, 1 if quick else repeats, warm_up=False)  # the first step warmed up
+            except (torch.cuda.OutOfMemoryError, torch._dynamo.exc.BackendCompilerFailed) as e:
+                error = "out of memory" if isinstance(e, torch.cuda.OutOfMemoryError) else str(e).splitlines()[0]
+                rows.append({"model": name, "micro_batches": n_micro, "error": error})
+                print(f"  {error}", flush=True)
+                continue
+            finally:
+                fns.clear()
+                if compiled:
+                    torch.cuda.empty_cache()
+            for variant, seconds in times.items():
+                raw = raws[variant]
+                tokens = step_n_sequences * raw.config.context_size
+                flops = raw.flops_per_token() * tokens / seconds
+                rows.append({"model": name, "variant": variant, "micro_batches": n_micro,
+                             "micro_batch": f"{step_n_sequences // n_micro}x{raw.config.context_size}",
+                             "params": raw.get_num_params(), "ms_per_step": 1000 * seconds,
+                             "tokens_per_s": tokens / seconds, "share_of_matmul_peak": flops / peak,
+                             "first_step_s": first[variant][0], "step_peak_memory_mib": first[variant][1]})
+                print(f"  {variant:35s} {1000 * seconds:8.0f} ms/step {tokens / seconds:9.0f} tok/s "
+                      f"{flops / peak:6.1%} of peak; first step {first[variant][0]:.1f} s"
+                      + (f", peak {first[variant][1]:,.0f} MiB" if compiled else ""), flush=True)
+    results["step"] = rows
 
 
 def weight_read_ms(n_elements, batch):
@@ -421,14 +503,26 @@ def bench_memory():
 if __name__ == "__main__":
     try:
         globals().update(load_config(defaults, sys.argv[1:]))
-        unknown = set(sections.split(",")) - {"train", "generate", "data", "prepare", "memory"}
+        unknown = set(sections.split(",")) - {"train", "generate", "data", "prepare", "memory", "step"}
         if unknown:
-            raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}: choose from train,generate,data,prepare,memory")
+            raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}: "
+                              f"choose from train,generate,data,prepare,memory,step")
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         device_type = "cuda" if device.startswith("cuda") else device
         if device_type not in ("cpu", "cuda") or (device_type == "cuda" and not torch.cuda.is_available()):
             raise ConfigError(f"device {device!r} is not available here")
+        step_n_sequences = step_sequences or (800 if device_type == "cuda" else 2 if quick else 4)
+        splits = micro_batches if micro_batches != "auto" else "16,4,1" if device_type == "cuda" else "2,1"
+        try:
+            step_splits = [int(n) for n in splits.split(",")]
+        except ValueError:
+            raise ConfigError(f"micro_batches must be numbers separated by commas, got {micro_batches!r}") from None
+        if any(n < 1 or step_n_sequences % n for n in step_splits):
+            raise ConfigError(f"each of micro_batches ({splits}) must divide the {step_n_sequences} sequences a step "
+                              f"(step_sequences)")
+        if set(step_models.split(",")) - {"aed", "gpt"}:
+            raise ConfigError(f"step_models must be aed, gpt or aed,gpt, got {step_models!r}")
     except ConfigError as e:
         die(e)
     repeats = repeats or (3 if quick else 5)
@@ -445,7 +539,7 @@ if __name__ == "__main__":
         print(f"== {section}", flush=True)
         t0 = time.time()
         {"train": bench_train, "generate": bench_generate, "data": bench_data, "prepare": bench_prepare,
-         "memory": bench_memory}[section]()
+         "memory": bench_memory, "step": bench_step}[section]()
         results.setdefault("section_seconds", {})[section] = round(time.time() - t0, 1)
         print(f"  ({section}: {time.time() - t0:.0f} s)", flush=True)
     results["seconds"] = time.time() - t_start

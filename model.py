@@ -1,25 +1,9 @@
 """
-The auto-regressive encoder-decoder transformer (AED) and the decoder-only GPT baseline it is compared
-to, in one file. Both share the attention, MLP and block code. SPEC.md is the specification.
-
-GPT:  tokens -> wte + wpe -> n_layer causal blocks -> ln_f [-> minus wpe of the next positions] -> tied head
-AED:  tokens -> wte + wpe = E -> n_layer causal blocks (encoder) = enc
-      enc -> Linear -> n_decoder_layer decoder blocks (causal self-attention, causal cross-attention to enc, MLP)
-      -> ln_f -> minus wpe of the next positions -> tied head
-      (+ in training, an "embedding loss" between the cumulative mean of E, or a learned causal weighting of
-      E, and enc)
-
-Beyond the author (SPEC §6), each one key away and off by default:
-- n_decoder_layer: n_layer encoder blocks, then n_decoder_layer decoder blocks (None: n_layer, the author's
-  model). Each residual stream's output projections are scaled by its own depth: encoder
-  N(0, 0.02 / sqrt(2 * n_layer)), decoder N(0, 0.02 / sqrt(2 * n_decoder_layer)); with equal depths both are
-  SPEC §1's 0.02 / sqrt(2 * n_layer). The decoder stream starts afresh at the bridge, so it is its own sum of
-  residual outputs, the sum GPT-2's scaling keeps in check.
-- sub_pos_embed_to_decoder on arch='gpt': out = ln_f(x) - wpe[1..T] (then ln_post for YES_LN) before the
-  tied head; wpe then has context_size + 1 rows, not counted.
-- embedding_agg_type='LEARNED': avg[t] = sum over s <= t of W[t, s] * E'[s], with W learned and initialised
-  to the cumulative mean (W[t, s] = 1 / (t + 1)), in place of the cumulative mean (see Transformer.aggregate).
-"""
+The auto-regressive encoder-decoder transformer (AED) and the decoder-only GPT baseline (docs/model.md):
+GPT: tokens -> wte + wpe -> n_layer causal blocks -> ln_f [-> minus wpe of the next positions] -> tied head
+AED: tokens -> wte + wpe = E -> n_layer causal blocks = enc -> the bridge (Linear) -> n_decoder_layer decoder blocks
+     (causal self-attention, causal cross-attention to enc, MLP) -> ln_f [-> minus wpe of the next positions] -> tied
+     head; in training, + the embedding loss between the cumulative mean of E and enc"""
 
 import math
 import typing
@@ -29,30 +13,21 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-ENUMS = {
-    "arch": ("gpt", "aed"),
-    "order_type": ("ORIGINAL", "ALT"),
-    "sub_pos_embed_to_decoder": ("NO", "YES_NO_LN", "YES_LN"),
-    "embedding_loss_type": ("NONE", "MSE", "COSINE", "LOG_COSINE"),
-    "detach_type": ("ENCODER_OUT", "EMBEDDING", "NONE"),
-    "embedding_ln_type": ("INIT", "AVG_CUM_SUM", "NONE"),
-    "embedding_agg_type": ("MEAN", "LEARNED"),
-}
+ENUMS = {"arch": ("gpt", "aed"), "order_type": ("ORIGINAL", "ALT"),
+         "sub_pos_embed_to_decoder": ("NO", "YES_NO_LN", "YES_LN"),
+         "embedding_loss_type": ("NONE", "MSE", "COSINE", "LOG_COSINE"),
+         "detach_type": ("ENCODER_OUT", "EMBEDDING", "NONE"), "embedding_ln_type": ("INIT", "AVG_CUM_SUM", "NONE"),
+         "embedding_agg_type": ("MEAN", "LEARNED")}
 # the embedding-loss options, and what None means for each when the loss is on
-EMBEDDING_LOSS_DEFAULTS = {
-    "embedding_loss_coeff": 1.0,
-    "detach_type": "ENCODER_OUT",
-    "embedding_ln_type": "INIT",
-    "use_ln_on_encoder_out": True,
-    "embedding_agg_type": "MEAN",
-    "embedding_ln_affine": True,
-}
+EMBEDDING_LOSS_DEFAULTS = {"embedding_loss_coeff": 1.0, "detach_type": "ENCODER_OUT", "embedding_ln_type": "INIT",
+                           "use_ln_on_encoder_out": True, "embedding_agg_type": "MEAN", "embedding_ln_affine": True}
 
 
 @dataclass
 class ModelConfig:
     arch: str = "aed"  # "gpt" (decoder-only baseline) or "aed"
     vocab_size: int = 50257  # GPT-2's BPE vocabulary
+    vocab_pad_multiple: int = 1  # wte's rows rounded up to a multiple of this (e.g. 64, for GPU matmuls); same outputs
     context_size: int = 200  # tokens per sequence (and rows of wpe)
     n_embed: int = 150  # width C
     n_layer: int = 13  # AED: n_layer encoder blocks + n_decoder_layer decoder blocks
@@ -74,44 +49,34 @@ class ModelConfig:
     embedding_ln_type: typing.Optional[str] = None  # INIT | AVG_CUM_SUM | NONE
     use_ln_on_encoder_out: typing.Optional[bool] = None  # LayerNorm enc in the embedding loss
     embedding_agg_type: typing.Optional[str] = None  # MEAN (cumulative mean) | LEARNED (learned causal weighting)
-    # False: the loss's LayerNorms have no learned weight and bias, so the loss cannot reach 0 by shrinking
-    # their weights and matching their biases (the way the author's loss collapses)
-    embedding_ln_affine: typing.Optional[bool] = None
+    embedding_ln_affine: typing.Optional[bool] = None  # False: loss LayerNorms without weight and bias (no collapse)
 
     def __post_init__(self):
-        for f in fields(self):
+        for f in fields(self):  # in order: arch is checked before the AED-only fields
             value, allowed = getattr(self, f.name), typing.get_args(f.type) or (f.type,)
             if type(value) is int and float in allowed:
-                value = float(value)
-                setattr(self, f.name, value)
+                setattr(self, f.name, value := float(value))
             if type(value) not in allowed:  # type(), not isinstance: True is not an int here
                 names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
                 raise ValueError(f"{f.name} must be {names}, got {value!r}")
-            if f.name in ENUMS and value is not None and value not in ENUMS[f.name]:
+            if value is not None and value not in ENUMS.get(f.name, (value,)):
                 raise ValueError(f"{f.name} must be one of {', '.join(ENUMS[f.name])}, got {value!r}")
-        for name in ("vocab_size", "context_size", "n_embed", "n_layer", "n_head"):
-            if getattr(self, name) < 1:
+            if self.arch == "gpt" and f.name in AED_ONLY and value != f.default:
+                raise ValueError(f"{f.name} is an AED option: it must stay {f.default!r} when arch is 'gpt'")
+        if self.arch == "aed":  # None means the default
+            self.n_decoder_layer = self.n_layer if self.n_decoder_layer is None else self.n_decoder_layer
+            self.cross_attn_n_head = 2 * self.n_head if self.cross_attn_n_head is None else self.cross_attn_n_head
+            self.cross_attn_use_bias = self.use_bias if self.cross_attn_use_bias is None else self.cross_attn_use_bias
+        for name in ("vocab_size", "vocab_pad_multiple", "context_size", "n_embed", "n_layer", "n_head",
+                     "n_decoder_layer", "cross_attn_n_head"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("n_head", "cross_attn_n_head"):
+            if getattr(self, name) is not None and self.n_embed % getattr(self, name):
+                raise ValueError(f"n_embed ({self.n_embed}) must be divisible by {name} ({getattr(self, name)})")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
-        if self.n_embed % self.n_head:
-            raise ValueError(f"n_embed ({self.n_embed}) must be divisible by n_head ({self.n_head})")
-        if self.arch == "gpt":
-            for f in fields(self):
-                if f.name in AED_ONLY and getattr(self, f.name) != f.default:
-                    raise ValueError(f"{f.name} is an AED option: it must stay {f.default!r} when arch is 'gpt'")
-            return
-        if self.n_decoder_layer is None:
-            self.n_decoder_layer = self.n_layer
-        if self.n_decoder_layer < 1:
-            raise ValueError(f"n_decoder_layer must be >= 1 (or None for n_layer), got {self.n_decoder_layer}")
-        if self.cross_attn_n_head is None:
-            self.cross_attn_n_head = 2 * self.n_head
-        if self.cross_attn_n_head < 1 or self.n_embed % self.cross_attn_n_head:
-            raise ValueError(f"n_embed ({self.n_embed}) must be divisible by cross_attn_n_head ({self.cross_attn_n_head})")
-        if self.cross_attn_use_bias is None:
-            self.cross_attn_use_bias = self.use_bias
-        for name, default in EMBEDDING_LOSS_DEFAULTS.items():
+        for name, default in EMBEDDING_LOSS_DEFAULTS.items():  # (all None on the GPT: checked above)
             if self.embedding_loss_type == "NONE" and getattr(self, name) is not None:
                 raise ValueError(f"{name} is set but embedding_loss_type is NONE")
             if self.embedding_loss_type != "NONE" and getattr(self, name) is None:
@@ -123,9 +88,8 @@ AED_ONLY = ("n_decoder_layer", "cross_attn_n_head", "cross_attn_use_bias", "orde
 
 
 class Attention(nn.Module):
-    """Multi-head causal attention. Self-attention takes q, k, v from x through one fused Linear; cross-attention
-    (AED decoder) takes q from x and k, v from the encoder output. Both are causal: position t sees keys <= t
-    (for cross-attention anything later would leak the target, since encoder position t+1 has read token t+1)."""
+    """Causal self-attention, or the AED decoder's cross-attention to the encoder output, causal too (encoder
+    position t+1 has read token t+1, the target)."""
 
     def __init__(self, n_embed, n_head, bias, dropout_rate, cross=False):
         super().__init__()
@@ -140,21 +104,16 @@ class Attention(nn.Module):
         self.layer_idx = None  # this layer's slot in a KVCache, set by Transformer
 
     def forward(self, x, enc=None, cache=None, pos=None):
-        # x: (B, T, C); enc: (B, T, C) encoder output (layer-normed), cross-attention only;
-        # with a KVCache, pos: (T,) the positions of the T tokens, where their keys and values go in the cache
+        # x: (B, T, C); enc: (B, T, C) the normed encoder output (cross-attention); pos: (T,) their slots in cache
         B, T, C = x.size()
-        if self.cross:
-            q, (k, v) = self.q_proj(x), self.kv_proj(enc).split(C, dim=2)
-        else:
-            q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (self.q_proj(x), *self.kv_proj(enc).split(C, dim=2)) if self.cross else self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
         dropout_p = self.dropout_rate if self.training else 0.0  # the author's code also dropped out in eval
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
         else:  # k, v: (B, nh, context_size, hs), every cached key; mask: (T, context_size), which each query sees
             k, v, mask = cache.update(self.layer_idx, pos, k, v)
-            # written out rather than SDPA: for a few queries on CPU, SDPA's kernel costs ~100 us a call, while
-            # torch.compile fuses these ops into the step (the same math; dropout is off when generating)
+            # not SDPA: for a few queries on CPU its kernel costs ~100 us a call; torch.compile fuses these ops
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, context_size)
             y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
@@ -176,18 +135,18 @@ class Block(nn.Module):
     """Pre-LN block: x += attn(ln_1(x)); x += mlp(ln_2(x)). An AED decoder block (cross_attn=True) also
     does x += cross_attn(q=ln_q(x), kv=ln_kv(enc)): after self-attention (ORIGINAL) or before it (ALT)."""
 
-    def __init__(self, config, cross_attn=False):
+    def __init__(self, c, cross_attn=False):
         super().__init__()
-        C, bias = config.n_embed, config.use_bias
+        C, bias = c.n_embed, c.use_bias
         self.ln_1 = nn.LayerNorm(C, bias=bias)
-        self.attn = Attention(C, config.n_head, bias, config.dropout_rate)
+        self.attn = Attention(C, c.n_head, bias, c.dropout_rate)
         if cross_attn:
             self.ln_q = nn.LayerNorm(C, bias=bias)
             self.ln_kv = nn.LayerNorm(C, bias=bias)  # each decoder block normalizes enc its own way
-            self.cross_attn = Attention(C, config.cross_attn_n_head, config.cross_attn_use_bias, config.dropout_rate, cross=True)
-            self.cross_first = config.order_type == "ALT"
+            self.cross_attn = Attention(C, c.cross_attn_n_head, c.cross_attn_use_bias, c.dropout_rate, cross=True)
+            self.cross_first = c.order_type == "ALT"
         self.ln_2 = nn.LayerNorm(C, bias=bias)
-        self.mlp = MLP(config)
+        self.mlp = MLP(c)
 
     def forward(self, x, enc=None, cache=None, pos=None):
         if enc is not None and self.cross_first:
@@ -199,22 +158,16 @@ class Block(nn.Module):
 
 
 class KVCache:
-    """Keys and values of every attention layer (encoder self, decoder self, decoder cross) of one batch of
-    sequences, in buffers of context_size positions; pos of them are filled. Because every part of the AED is
-    causal, appending a token changes nothing at earlier positions: a step only writes the new positions. The
-    buffers never change shape, so one compiled decode step serves every position (compile_decode_step)."""
+    """Keys and values of every attention layer, in fixed buffers of context_size positions, pos of them filled."""
 
     def __init__(self, n_layers, context_size):
-        self.k, self.v = [None] * n_layers, [None] * n_layers
-        self.context_size, self.pos = context_size, 0
+        self.k, self.v, self.context_size, self.pos = [None] * n_layers, [None] * n_layers, context_size, 0
 
     def update(self, layer_idx, pos, k, v):
-        # k, v: (B, nh, T, hs) of the tokens at positions pos (T,). Returns the whole buffers (B, nh, context_size,
-        # hs) and the mask (T, context_size) of the slots each new query may see: those at or before its own position
+        # k, v: (B, nh, T, hs) at pos (T,) -> buffers (B, nh, context_size, hs), mask (T, context_size): slots <= pos
         if self.k[layer_idx] is None:  # zeros, not empty: a masked slot gets weight 0, and 0 * NaN garbage is NaN
-            B, nh, _, hs = k.shape
-            self.k[layer_idx] = k.new_zeros(B, nh, self.context_size, hs)
-            self.v[layer_idx] = v.new_zeros(B, nh, self.context_size, hs)
+            self.k[layer_idx] = k.new_zeros(*k.shape[:2], self.context_size, k.size(3))
+            self.v[layer_idx] = v.new_zeros(*v.shape[:2], self.context_size, v.size(3))
         self.k[layer_idx].index_copy_(2, pos, k)
         self.v[layer_idx].index_copy_(2, pos, v)
         mask = pos.view(-1, 1) >= torch.arange(self.context_size, device=pos.device)  # (T, context_size)
@@ -228,10 +181,10 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = c = config
         C, aed = c.n_embed, c.arch == "aed"
-        # the positional add (AED) and subtraction (both archs) use wpe[1..T], one row past the context
-        shift_pos = (aed and c.add_pos_embed_to_decoder) or c.sub_pos_embed_to_decoder != "NO"
-        self.wte = nn.Embedding(c.vocab_size, C)  # tied to the output head: logits = out @ wte.weight.T
-        self.wpe = nn.Embedding(c.context_size + 1 if shift_pos else c.context_size, C)
+        # tied to the output head (logits = out @ wte.T); rows up to a multiple of vocab_pad_multiple, the extra unused
+        self.wte = nn.Embedding(-(-c.vocab_size // c.vocab_pad_multiple) * c.vocab_pad_multiple, C)
+        shift_pos = (aed and c.add_pos_embed_to_decoder) or c.sub_pos_embed_to_decoder != "NO"  # uses wpe[1..T]
+        self.wpe = nn.Embedding(c.context_size + int(shift_pos), C)  # one row past the context when shifted
         self.drop = nn.Dropout(c.dropout_rate)
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])  # GPT: all of it; AED: the encoder
         self.decoder_blocks = None
@@ -239,21 +192,14 @@ class Transformer(nn.Module):
             self.ln_bridge = nn.LayerNorm(C, bias=c.use_bias) if c.add_ln_before_decoder_ff else None
             self.bridge = nn.Linear(C, C, bias=c.use_bias)  # "the linear pass" from encoder to decoder
             self.decoder_blocks = nn.ModuleList([Block(c, cross_attn=True) for _ in range(c.n_decoder_layer)])
-        # made here, between the AED's decoder and its loss LayerNorms, where it has always been: a saved optimizer
-        # state follows the order of the parameters
+        # here, between the decoder and the loss LayerNorms: a saved optimizer state follows the parameters' order
         self.ln_post = nn.LayerNorm(C, bias=c.use_bias) if c.sub_pos_embed_to_decoder == "YES_LN" else None
-        if aed:
-            on = c.embedding_loss_type != "NONE"  # the loss's LayerNorms always have a bias; no loss, no LayerNorms
-            affine = bool(c.embedding_ln_affine)
+        if aed:  # the embedding loss's LayerNorms always have a bias (or no affine part); no loss, none of them
+            on, affine = c.embedding_loss_type != "NONE", bool(c.embedding_ln_affine)
             self.ln_a = nn.LayerNorm(C, elementwise_affine=affine) if on and c.embedding_ln_type != "NONE" else None
             self.ln_b = nn.LayerNorm(C, elementwise_affine=affine) if on and c.use_ln_on_encoder_out else None
             if c.embedding_agg_type == "LEARNED":
-                # W[t, s] for s <= t only, packed row by row: (0,0), (1,0), (1,1), (2,0), ... There is no entry
-                # for s > t at all, so position t mixes E'[0..t] whatever values training gives the weights.
-                # Cost: context_size * (context_size + 1) / 2 parameters (20,100 at context 200), counted in
-                # get_num_params like ln_a and ln_b (training-only parameters the author counts too). Being 1-D
-                # it gets no weight decay: decay would pull the weights to 0, shrinking the average, not towards
-                # the cumulative mean they start from.
+                # W[t, s] for s <= t only, packed row by row (t mixes E'[0..t] whatever the weights); 1-D: no decay
                 rows, cols = torch.tril_indices(c.context_size, c.context_size)  # (n,), (n,)
                 self.embedding_agg = nn.Parameter(1.0 / (rows + 1).float())  # the cumulative mean: 1 / (t + 1)
                 self.register_buffer("embedding_agg_index", torch.stack((rows, cols)), persistent=False)  # (2, n)
@@ -266,8 +212,7 @@ class Transformer(nn.Module):
             if name.endswith("c_proj.weight"):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth))
-        self.last_ce, self.last_embedding_loss = None, None
-        self.compiled_decode_step = None  # see compile_decode_step
+        self.last_ce = self.last_embedding_loss = self.compiled_decode_step = None  # see forward, compile_decode_step
 
     def _init_weights(self, module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -276,72 +221,92 @@ class Transformer(nn.Module):
             nn.init.zeros_(module.bias)
 
     def get_num_params(self):
-        """All parameters (the tied wte counted once) minus the position embedding, as the author reports."""
-        return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel()
+        """As the author counts: all parameters, the tied wte once, minus wpe (and minus wte's padding rows)."""
+        padding = (self.wte.weight.size(0) - self.config.vocab_size) * self.config.n_embed
+        return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel() - padding
 
     def flops_per_token(self):
-        """Training FLOPs per token (forward + backward) at T = context_size, as in the PaLM paper / nanoGPT:
-        6 per parameter plus 12 * T * C per attention layer (AED: encoder self, decoder self and cross)."""
+        """Training FLOPs per token at T = context_size (PaLM, nanoGPT): 6 N + 12 T C per attention layer."""
         c = self.config
         return 6 * self.get_num_params() + 12 * len(self.attention_layers) * c.n_embed * c.context_size
 
     def hidden_states(self, idx, cache=None, pos=None):
-        """The final hidden states (B, T, C), just before the tied head, of tokens idx (B, T) at positions pos (T,),
-        0..T-1 unless given; with a KVCache their keys and values are written to it at pos, and attention reads
-        every cached position up to its own. Also returns E and enc for the embedding loss."""
+        """The hidden states (B, T, C) before the tied head of tokens idx (B, T) at positions pos (T,), 0..T-1 unless
+        given (through cache, a KVCache, when given), and E and enc for the embedding loss."""
         c = self.config
-        B, T = idx.size()
         if pos is None:
-            if T > c.context_size:
-                raise ValueError(f"sequence length {T} is longer than context_size {c.context_size}")
-            pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
-        E = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        x = E
+            if idx.size(1) > c.context_size:
+                raise ValueError(f"sequence length {idx.size(1)} is longer than context_size {c.context_size}")
+            pos = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)  # (T,)
+        x = E = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
             x = block(x, cache=cache, pos=pos)
-        enc = None
-        if self.decoder_blocks is not None:
-            enc = x  # (B, T, C), no final LayerNorm
+        enc = x if self.decoder_blocks is not None else None  # the AED's encoder output (B, T, C), no final LayerNorm
+        if enc is not None:  # the AED: the bridge, then the decoder, cross-attending to enc
             x = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))
-            if c.add_pos_embed_to_decoder:
-                # in place, as the author's code: under autocast the stream keeps the bridge's dtype (bf16) instead
-                # of being promoted to fp32 by the fp32 wpe (the sum is rounded once, to bf16); in fp32/fp64 no
-                # difference
+            if c.add_pos_embed_to_decoder:  # in place, as the author's code: under autocast x stays bf16
                 x += self.wpe(pos + 1)
             for block in self.decoder_blocks:
                 x = block(x, enc=enc, cache=cache, pos=pos)
         out = self.ln_f(x)
-        if c.sub_pos_embed_to_decoder != "NO":  # remove the position of the token being predicted, t + 1
+        if c.sub_pos_embed_to_decoder != "NO":  # positional subtraction: the position of the token predicted, t + 1
             out = out - self.wpe(pos + 1)
             if self.ln_post is not None:
                 out = self.ln_post(out)
         return out, E, enc
 
-    def embedding_loss(self, E, enc):
-        """Disaffinity between the cumulative mean of the input embeddings E and the encoder output enc."""
-        c = self.config
-        if c.detach_type == "ENCODER_OUT":  # train only the embeddings (and the loss's LayerNorms)
-            enc = enc.detach()
-        elif c.detach_type == "EMBEDDING":
-            E = E.detach()
-        return self.embedding_distance(*self.embedding_pair(E, enc))
+    def head(self, out):
+        """The tied output head: logits (..., vocab_size) = out @ wte.T, wte's padding rows left out."""
+        return F.linear(out, self.wte.weight)[..., :self.config.vocab_size]
 
-    def embedding_pair(self, E, enc, affine=True):
-        """The two sides of the embedding loss, (avg, target), each (B, T, C); affine=False leaves out the loss
-        LayerNorms' learned weights and biases (for embedding_loss_diagnostics)."""
+    def forward(self, idx, targets=None, return_logits=True):
+        """idx, targets: (B, T) -> (logits (B, T, vocab_size) or None, loss or None). The loss: ce + coeff * embedding
+        loss in training mode, ce in eval mode; its parts, detached, in last_ce and last_embedding_loss (None: not
+        computed). return_logits=False: the loss without the full logits (chunked_cross_entropy)."""
         c = self.config
-        def ln(m, x):
-            return m(x) if affine else F.layer_norm(x, x.shape[-1:], eps=m.eps)
+        out, E, enc = self.hidden_states(idx)
+        logits = self.head(out) if targets is None or return_logits else None  # (B, T, vocab_size)
+        if targets is None:
+            return logits, None
+        if logits is not None:
+            ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
+        else:
+            ce = chunked_cross_entropy(out.view(-1, c.n_embed), self.wte.weight[:c.vocab_size], targets.view(-1))
+        loss, emb = ce, None
+        if self.training and enc is not None and c.embedding_loss_type != "NONE":
+            emb = self.embedding_distance(*self.embedding_pair(E, enc))
+            loss = ce + c.embedding_loss_coeff * emb
+        self.last_ce, self.last_embedding_loss = ce.detach(), None if emb is None else emb.detach()
+        return logits, loss
+
+    # the AED's embedding loss (docs/model.md, Embedding loss)
+    def embedding_pair(self, E, enc, affine=True):
+        """The two sides of the embedding loss, from the embeddings E and the encoder output enc: (avg, target), each
+        (B, T, C). affine=False leaves out the loss LayerNorms' learned weights and biases."""
+        E = E.detach() if self.config.detach_type == "EMBEDDING" else E
+        enc = enc.detach() if self.config.detach_type == "ENCODER_OUT" else enc  # only the embeddings learn from it
+        ln = (lambda m, x: m(x)) if affine else (lambda m, x: F.layer_norm(x, x.shape[-1:], eps=m.eps))  # noqa: E731
         if self.ln_b is not None:
             enc = ln(self.ln_b, enc)
-        if c.embedding_ln_type == "INIT":  # normalizing before averaging lets the model weight positions unevenly
+        if self.config.embedding_ln_type == "INIT":  # normalized before averaging: positions can weigh unevenly
             E = ln(self.ln_a, E)
         avg = self.aggregate(E)  # (B, T, C)
-        if c.embedding_ln_type == "AVG_CUM_SUM":
+        if self.config.embedding_ln_type == "AVG_CUM_SUM":
             avg = ln(self.ln_a, avg)
         return avg, enc
 
+    def aggregate(self, E):
+        """avg (B, T, C): the cumulative mean of E for MEAN; for LEARNED, avg[t] = sum over s <= t of W[t, s] E[s]."""
+        T = E.size(1)
+        if self.config.embedding_agg_type == "LEARNED":
+            L = self.config.context_size
+            # (L, L), zero above the diagonal by construction: only the packed s <= t entries are written
+            W = E.new_zeros(L, L).index_put(tuple(self.embedding_agg_index), self.embedding_agg.to(E.dtype))
+            return W[:T, :T] @ E  # (T, T) @ (B, T, C) -> (B, T, C)
+        return cumsum_time(E) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)
+
     def embedding_distance(self, avg, target):
+        """The embedding loss: MSE, or the mean over positions of 1 - (cos + 1) / 2 or of -log((cos + 1) / 2)."""
         if self.config.embedding_loss_type == "MSE":
             return F.mse_loss(avg, target)
         cos = F.cosine_similarity(avg, target, dim=-1)  # (B, T)
@@ -351,122 +316,62 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def embedding_loss_diagnostics(self, idx):
-        """What tells an embedding loss that teaches the embeddings from one that collapsed, on tokens idx (B, T)
-        without dropout: the loss; the loss without the LayerNorms' learned weights and biases; the RMS of
-        each LayerNorm's weight (1 at init) and of the gap between their biases (if both weights shrink to 0,
-        the loss tends to the gap's square: a constant matches a constant); the spread of each side over the
-        B * T positions (0: a constant); the mean cosine between the two sides without the affine parts."""
+        """What tells an embedding loss that teaches the embeddings from one that collapsed (LayerNorm weights at 0, the
+        loss their biases' gap squared, each side a constant), on tokens idx (B, T) without dropout."""
         was_training = self.training
-        self.eval()
-        _, E, enc = self.hidden_states(idx)
+        _, E, enc = self.eval().hidden_states(idx)
         self.train(was_training)
-        E, enc = E.float(), enc.float()
-        avg, target = self.embedding_pair(E, enc)
-        avg0, target0 = self.embedding_pair(E, enc, affine=False)
-        rms = lambda x: x.float().pow(2).mean().sqrt().item()  # noqa: E731
+        (avg, target), (avg0, target0) = (self.embedding_pair(E.float(), enc.float(), aff) for aff in (True, False))
+        rms = lambda x: None if x is None else x.float().pow(2).mean().sqrt().item()  # noqa: E731
         spread = lambda x: x.reshape(-1, x.size(-1)).std(dim=0).mean().item()  # noqa: E731
-        ln_a, ln_b = self.ln_a, self.ln_b
-        has_a, has_b = ln_a is not None and ln_a.weight is not None, ln_b is not None and ln_b.weight is not None
-        return {
-            "loss": self.embedding_distance(avg, target).item(),
-            "loss_no_affine": self.embedding_distance(avg0, target0).item(),
-            "ln_a_weight_rms": rms(ln_a.weight) if has_a else None,
-            "ln_b_weight_rms": rms(ln_b.weight) if has_b else None,
-            "ln_bias_gap_rms": rms(ln_a.bias - ln_b.bias) if has_a and has_b else None,
-            "avg_spread": spread(avg), "target_spread": spread(target),
-            "cos_no_affine": F.cosine_similarity(avg0, target0, dim=-1).mean().item(),
-        }
-
-    def aggregate(self, E):
-        """avg[t] from E (B, T, C): the cumulative mean (E[0] + ... + E[t]) / (t + 1) for MEAN, sum over s <= t of
-        W[t, s] * E[s] for LEARNED (W starts as the cumulative mean's weights). Either way avg[t] sees E[0..t] only."""
-        T = E.size(1)
-        if self.config.embedding_agg_type == "LEARNED":
-            L = self.config.context_size
-            # (L, L), zero above the diagonal by construction: only the packed s <= t entries are written
-            W = E.new_zeros(L, L).index_put(tuple(self.embedding_agg_index), self.embedding_agg.to(E.dtype))
-            return W[:T, :T] @ E  # (T, T) @ (B, T, C) -> (B, T, C)
-        return cumulative_mean(E)
-
-    def forward(self, idx, targets=None, return_logits=True):
-        """idx, targets: (B, T). Returns (logits (B, T, vocab_size) or None, loss or None). In training mode the
-        loss is ce + embedding_loss_coeff * embedding loss, in eval mode ce alone; the parts of the last forward
-        with targets are kept, detached, in self.last_ce and self.last_embedding_loss (None when not computed).
-        With targets and return_logits=False the full logits are never built (see chunked_cross_entropy)."""
-        c = self.config
-        out, E, enc = self.hidden_states(idx)
-        logits = None
-        if targets is None or return_logits:
-            logits = F.linear(out, self.wte.weight)  # (B, T, vocab_size)
-        if targets is None:
-            return logits, None
-        if logits is not None:
-            ce = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-        else:
-            ce = chunked_cross_entropy(out.view(-1, out.size(-1)), self.wte.weight, targets.view(-1))
-        loss, emb = ce, None
-        if self.training and enc is not None and c.embedding_loss_type != "NONE":
-            emb = self.embedding_loss(E, enc)
-            loss = ce + c.embedding_loss_coeff * emb
-        self.last_ce = ce.detach()
-        self.last_embedding_loss = None if emb is None else emb.detach()
-        return logits, loss
+        wa, wb = (getattr(ln, "weight", None) for ln in (self.ln_a, self.ln_b))
+        gap = None if wa is None or wb is None else self.ln_a.bias - self.ln_b.bias
+        return {"loss": self.embedding_distance(avg, target).item(),
+                "loss_no_affine": self.embedding_distance(avg0, target0).item(),
+                "ln_a_weight_rms": rms(wa), "ln_b_weight_rms": rms(wb), "ln_bias_gap_rms": rms(gap),
+                "avg_spread": spread(avg), "target_spread": spread(target),
+                "cos_no_affine": F.cosine_similarity(avg0, target0, dim=-1).mean().item()}
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW with weight decay on matrices and embeddings (dim >= 2) only. Fused (one kernel for all
-        parameters) on CUDA and on CPU, where it is ~10x faster than the default foreach loop; elsewhere the
-        default."""
+        """AdamW, weight decay on matrices and embeddings (dim >= 2) only; fused on CUDA and CPU (~10x faster there)."""
         params = [p for p in self.parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type in ("cuda", "cpu"))
 
+    # generation, with a KV cache (docs/model.md, Generation with a KV cache)
     def new_kv_cache(self):
         return KVCache(len(self.attention_layers), self.config.context_size)
 
     def last_logits(self, idx, cache, pos):
         """Logits (B, vocab_size) of the token after idx (B, T) at positions pos (T,), run against cache."""
-        out, _, _ = self.hidden_states(idx, cache, pos)
-        return F.linear(out[:, -1, :], self.wte.weight)  # only the last position goes through the head
+        return self.head(self.hidden_states(idx, cache, pos)[0][:, -1, :])  # only the last position: (B, C)
 
     def compile_decode_step(self, **compile_kwargs):
-        """Run the one-token cached steps of next_logits (all but the first) through torch.compile. The cache
-        and position tensors keep their shapes, so one compilation serves every position; compiling fuses the
-        hundreds of small per-token ops, whose overhead is a large part of an eager step on CPU."""
+        """torch.compile next_logits' one-token cached steps, once for all positions (fixed shapes), fusing many ops."""
         self.compiled_decode_step = torch.compile(self.last_logits, dynamic=False, fullgraph=True, **compile_kwargs)
 
     @torch.no_grad()
     def next_logits(self, idx, cache=None):
-        """Logits (B, vocab_size) of the token following idx (B, T), looking at the last context_size tokens.
-        Without a cache it reruns the whole model (like nanoGPT). With one, idx must begin with the tokens the
-        cache has already seen (cache.pos of them); only the rest are run, and they are appended to the cache.
-        Past context_size the window slides: every token moves to a new position, so with absolute position
-        embeddings no cached key or value stays valid. The cache is then emptied and refilled from the window,
-        which gives exactly the sliding-window logits at the cost of an uncached step."""
+        """Logits (B, vocab_size) of the token after idx (B, T), from its last context_size tokens; with a cache, only
+        the tokens after its cache.pos are run (past context_size every position moves: the cache is refilled)."""
         window = idx[:, -self.config.context_size:]
         if cache is None:
             return self.last_logits(window, None, None)
         if idx.size(1) > self.config.context_size:
             cache.pos, new = 0, window
-        else:
-            # a copy with its own strides: a view into the growing idx would have a new stride at every step, and
-            # each new stride would make a compiled step recompile
-            new = idx[:, cache.pos:].clone(memory_format=torch.contiguous_format)
+        else:  # a copy with its own strides: a view into the growing idx would bring a new stride (a recompile)
+            new = idx[:, cache.pos:].clone(memory_format=torch.contiguous_format)  # at every step
         pos = torch.arange(cache.pos, cache.pos + new.size(1), device=idx.device)  # (T,)
         # the first call fills (and allocates) the cache; after that, single tokens may take the compiled step
-        step = self.last_logits
-        if new.size(1) == 1 and cache.pos > 0 and self.compiled_decode_step is not None:
-            step = self.compiled_decode_step
-        logits = step(new, cache, pos)
+        compiled = new.size(1) == 1 and cache.pos > 0 and self.compiled_decode_step is not None
+        logits = (self.compiled_decode_step if compiled else self.last_logits)(new, cache, pos)
         cache.pos += new.size(1)
         return logits
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, kv_cache=True):
-        """Sample max_new_tokens tokens after idx (B, T); temperature 0 means greedy. With kv_cache the
-        logits are the same as without, only computed once per position (see next_logits)."""
+        """Sample max_new_tokens tokens after idx (B, T); temperature 0: greedy; kv_cache: the same logits, faster."""
         cache = self.new_kv_cache() if kv_cache else None
         for _ in range(max_new_tokens):
             logits = self.next_logits(idx, cache)  # (B, vocab_size)
@@ -483,69 +388,63 @@ class Transformer(nn.Module):
         return idx
 
 
-@torch.compiler.disable  # Inductor's CUDA code for this cumsum fails to compile (torch 2.11, H100); eager costs ~nothing
-def cumulative_mean(E):
-    T = E.size(1)
-    return E.cumsum(dim=1) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)  # (B, T, C)
-
-
 def build_model(config):
     return Transformer(config)
 
 
-# rows per chunk so that one chunk's fp32 logits take at most 32 MB: small enough for glibc's malloc to
-# reuse the memory instead of mapping fresh pages each time (page faults were 40% of a CPU step)
+# x.cumsum(dim=1) as an operator torch.compile keeps in its graph, running eager's ATen kernel: Inductor's own code
+# for it failed to compile on CUDA (docs/gpu.md, The cumsum graph break). Neither compiled nor a graph break.
+@torch.library.custom_op("aed::cumsum_time", mutates_args=())
+def cumsum_time(x: torch.Tensor) -> torch.Tensor:
+    return x.cumsum(dim=1)
+
+
+cumsum_time.register_fake(lambda x: torch.empty_like(x))
+cumsum_time.register_autograd(lambda ctx, grad: cumsum_time(grad.flip(1)).flip(1))  # ATen's cumsum backward
+
+# one chunk's fp32 logits at most 32 MB: glibc's malloc reuses it, no fresh pages (page faults: 40% of a CPU step)
 CHUNK_ELEMENTS = 8 * 1024 * 1024
 
 
-class _ChunkedCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of logits = h @ w.T, computed a chunk of rows at a time so that the (N, V) logits
-    never exist at once. The loss is a scalar, so its gradients are computed during the forward pass, chunk by
-    chunk, and backward only scales them (the trick of fused linear + cross-entropy kernels)."""
+@torch.compiler.disable  # a Python loop of big matmuls: nothing for the compiler to fuse
+def chunked_cross_entropy(h, w, targets):
+    """F.cross_entropy(h @ w.T, targets) and its gradients, the (N, V) logits a chunk of rows at a time."""
+    if torch.is_grad_enabled() and (h.requires_grad or w.requires_grad):
+        return _ChunkedCrossEntropy.apply(h, w, targets)
+    return _ChunkedCrossEntropy.forward(None, h, w, targets)  # no gradients wanted
 
+
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    # the loss is a scalar: its gradients are computed in the forward pass, chunk by chunk, and backward only
+    # scales them (as fused linear + cross-entropy kernels do)
     @staticmethod
     def forward(ctx, h, w, targets):
-        loss, grad_h, grad_w = _chunked_cross_entropy(h, w, targets, with_grads=True)
-        ctx.save_for_backward(grad_h, grad_w)
-        return loss
+        N, V = h.size(0), w.size(0)
+        chunk = max(1, CHUNK_ELEMENTS // V)
+        dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
+        wd = w.to(dtype)
+        loss = torch.zeros((), dtype=torch.float32, device=h.device)
+        if ctx is not None:
+            grad_h, grad_w = torch.empty_like(h), torch.zeros_like(w, dtype=torch.float32)
+        for i in range(0, N, chunk):
+            hc, tc = h[i:i + chunk].to(dtype), targets[i:i + chunk]
+            logits = (hc @ wd.T).float()  # (n, V)
+            target_logits = logits.gather(1, tc[:, None]).squeeze(1)  # (n,)
+            max_logits = logits.amax(dim=1, keepdim=True)  # (n, 1)
+            exp = logits.sub_(max_logits).exp_()  # in place, and only one exp pass: they dominate after the matmuls
+            sum_exp = exp.sum(dim=1)  # (n,)
+            loss += (max_logits.squeeze(1) + sum_exp.log() - target_logits).sum()
+            if ctx is not None:  # d(sum of ce)/d logits = softmax - one_hot(target)
+                grad = exp.div_(sum_exp[:, None])
+                grad[torch.arange(grad.size(0), device=grad.device), tc] -= 1.0
+                grad = grad.to(dtype)
+                grad_h[i:i + chunk] = grad @ wd
+                grad_w += grad.T @ hc
+        if ctx is not None:
+            ctx.save_for_backward(grad_h / N, (grad_w / N).to(w.dtype))
+        return loss / N
 
     @staticmethod
     def backward(ctx, grad_loss):
         grad_h, grad_w = ctx.saved_tensors
         return grad_h * grad_loss, grad_w * grad_loss, None
-
-
-def _chunked_cross_entropy(h, w, targets, with_grads):
-    # h: (N, C) hidden states, w: (V, C) tied embedding, targets: (N,)
-    N, V = h.size(0), w.size(0)
-    chunk = max(1, CHUNK_ELEMENTS // V)
-    dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
-    wd = w.to(dtype)
-    loss = torch.zeros((), dtype=torch.float32, device=h.device)
-    grad_h = torch.empty_like(h) if with_grads else None
-    grad_w = torch.zeros_like(w, dtype=torch.float32) if with_grads else None
-    for i in range(0, N, chunk):
-        hc, tc = h[i:i + chunk].to(dtype), targets[i:i + chunk]
-        logits = (hc @ wd.T).float()  # (n, V)
-        target_logits = logits.gather(1, tc[:, None]).squeeze(1)  # (n,)
-        max_logits = logits.amax(dim=1, keepdim=True)  # (n, 1)
-        exp = logits.sub_(max_logits).exp_()  # in place, and only one exp pass: they dominate after the matmuls
-        sum_exp = exp.sum(dim=1)  # (n,)
-        loss += (max_logits.squeeze(1) + sum_exp.log() - target_logits).sum()
-        if with_grads:  # d(sum of ce)/d logits = softmax - one_hot(target)
-            grad = exp.div_(sum_exp[:, None])
-            grad[torch.arange(grad.size(0), device=grad.device), tc] -= 1.0
-            grad = grad.to(dtype)
-            grad_h[i:i + chunk] = grad @ wd
-            grad_w += grad.T @ hc
-    if with_grads:
-        return loss / N, grad_h / N, (grad_w / N).to(w.dtype)
-    return loss / N, None, None
-
-
-@torch.compiler.disable  # a Python loop of big matmuls: nothing for the compiler to fuse
-def chunked_cross_entropy(h, w, targets):
-    """Same value and gradients as F.cross_entropy(h @ w.T, targets), without the (N, V) logits in memory."""
-    if torch.is_grad_enabled() and (h.requires_grad or w.requires_grad):
-        return _ChunkedCrossEntropy.apply(h, w, targets)
-    return _chunked_cross_entropy(h, w, targets, with_grads=False)[0]

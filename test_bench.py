@@ -56,3 +56,51 @@ def test_uncached_lengths():
     assert len(lengths) == 25 and sum(lengths) / 25 == sum(range(1, 200)) / 199
     assert lengths == sorted(set(lengths)) and 1 <= lengths[0] and lengths[-1] <= 199
     assert bench.uncached_lengths(5) == [1, 2, 3, 4, 5]
+
+
+def test_bench_step_quick(tmp_path):
+    """The step section, as a GPU run asks for it (--sections=step), on CPU in quick mode: the small AED, its
+    2 sequences a step in 2 micro-batches and in 1, each time the default and the vocab padded to 64 side by side
+    (eager on CPU, so the graph-break variant, the same computation there, is left out)."""
+    out = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, "bench.py", "--quick", "--sections=step", "--step_models=aed",
+                        f"--out_json={out}"], cwd=HERE, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())["step"]
+    assert [(r["micro_batches"], r["micro_batch"], r["variant"]) for r in rows] == [
+        (2, "1x128", "eager"), (2, "1x128", "eager, vocab padded to 64"),
+        (1, "2x128", "eager"), (1, "2x128", "eager, vocab padded to 64")]
+    assert all(r["ms_per_step"] > 0 and r["tokens_per_s"] > 0 and r["first_step_s"] > 0 for r in rows)
+    assert len({r["params"] for r in rows}) == 1  # the padding rows are not counted
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--micro_batches=3"], "micro_batches"),  # quick: 2 sequences a step
+    (["--micro_batches=2,x"], "micro_batches"),
+    (["--step_models=bert"], "step_models"),
+    (["--sections=stepp"], "step"),
+])
+def test_bench_step_bad_option(args, words):
+    p = subprocess.run([sys.executable, "bench.py", "--quick", "--sections=step", *args], cwd=HERE,
+                       capture_output=True, text=True)
+    assert p.returncode == 1 and words in p.stderr and "Traceback" not in p.stderr
+
+
+def test_step_variants(monkeypatch):
+    """Compiled, the AED's step is timed three ways (graph break at the cumulative mean, one graph, vocab padded),
+    the GPT's two; the graph-break variant's model really breaks the graph there, and the default's does not."""
+    assert list(bench.step_variants(bench.AUTHOR_AED, compiled=True)) == [
+        "graph break at the cumulative mean", "one graph", "one graph, vocab padded to 64"]
+    assert list(bench.step_variants(bench.AUTHOR_GPT, compiled=True)) == ["one graph", "one graph, vocab padded to 64"]
+    assert bench.step_variants(bench.AUTHOR_AED, compiled=True)["one graph, vocab padded to 64"][0][
+        "vocab_pad_multiple"] == 64
+    monkeypatch.setattr(bench, "device", "cpu", raising=False)
+    monkeypatch.setattr(bench, "device_type", "cpu", raising=False)
+    kw = dict(bench.SMALL_AED, n_layer=1, vocab_size=64, context_size=16)
+    x = torch.randint(0, 64, (2, 16))
+    breaks = []
+    for outside in (True, False):
+        _, raw = bench.author_step_fn(kw, 2, 1, compiled=False, mean_outside_graph=outside)
+        torch._dynamo.reset()
+        breaks.append(torch._dynamo.explain(raw)(x, x).graph_break_count)
+    assert breaks[0] >= 1 and breaks[1] == 0
