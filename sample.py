@@ -11,7 +11,7 @@ from contextlib import nullcontext
 import torch
 
 from checkpoint import CheckpointError, load as load_checkpoint
-from configurator import ConfigError, check_device, collect_defaults, die, load_config
+from configurator import ConfigError, collect_defaults, die, load_config, resolve_device
 from model import build_model
 from tokenizer import get_encoding
 
@@ -27,31 +27,22 @@ seed = 1337
 device = 'auto'           # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'            # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere), or name one
 kv_cache = True           # cache attention keys/values; --kv_cache=False recomputes everything per token
-compile = False           # torch.compile the one-token cached step: pays off over many tokens (see README)
+compile = False           # torch.compile the one-token cached step: pays off over many tokens (docs/performance.md)
 # -----------------------------------------------------------------------------
 DEFAULTS = collect_defaults(globals())
 
 try:
     globals().update(load_config(DEFAULTS, sys.argv[1:]))
-    check_device(device)
+    device, device_type, dtype = resolve_device(device, dtype)
 except ConfigError as e:
     die(e)
 if checkpoint not in ('best', 'last'):
     die(f"checkpoint must be 'best' or 'last', got {checkpoint!r}")
-if dtype not in ('auto', 'float32', 'bfloat16', 'float16'):
-    die(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
 if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature < 0:
     die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature >= 0 (0: greedy)")
 if compile and not kv_cache:
     die("--compile=True compiles the cached one-token step: it needs --kv_cache=True")
 
-if device == 'auto':
-    device = 'cuda' if torch.cuda.is_available() else 'cpu'
-device_type = 'cuda' if device.startswith('cuda') else device.split(':')[0]
-if device_type == 'cuda' and not torch.cuda.is_available():
-    die("device cuda asked for, but torch sees no CUDA GPU (use --device=cpu)")
-if dtype == 'auto':
-    dtype = ('bfloat16' if torch.cuda.is_bf16_supported() else 'float16') if device_type == 'cuda' else 'float32'
 ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
 torch.manual_seed(seed)

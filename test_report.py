@@ -195,7 +195,7 @@ def load_configs(prefix):
 
 def test_cpu_configs_mirror_the_author():
     """The eight CPU runs share everything but the model, and differ from each other exactly as the
-    author's eight runs do; parameter order as in SPEC section 4: baseline_small < AED < baseline."""
+    author's eight runs do; parameter order as in docs/model.md, The author's results: baseline_small < AED < baseline."""
     import dataclasses
     from model import ModelConfig, build_model
     cpu, author = load_configs('cpu_'), load_configs('')
