@@ -127,7 +127,8 @@ report() {  # tables and charts over the runs finished so far
              aed_mse_possub_noaffine_seed2 aed_mse_possub_noaffine_seed3 aed_mse_possub_rerun; do
         if have "$r"; then reg+=("$RES/$r"); fi
     done
-    for p in aed_mse_possub_dropout,baseline_dropout baseline_dropout,baseline aed_mse_possub_dropout,aed_mse_possub \
+    for p in aed_mse_possub_dropout,baseline_dropout baseline_dropout,baseline aed_mse_possub,baseline_dropout \
+             aed_mse_possub_dropout,aed_mse_possub \
              aed_mse_possub_noaffine,aed_mse_possub aed_mse_possub_noaffine,baseline aed_mse_possub_rerun,aed_mse_possub; do
         if have "${p%,*}" && have "${p#*,}"; then pairs+=("$p"); fi
     done
