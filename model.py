@@ -2,8 +2,8 @@
 The auto-regressive encoder-decoder transformer (AED) and the decoder-only GPT baseline (docs/model.md):
 GPT: tokens -> wte + wpe -> n_layer causal blocks -> ln_f [-> minus wpe of the next positions] -> tied head
 AED: tokens -> wte + wpe = E -> n_layer causal blocks = enc -> the bridge (Linear) -> n_decoder_layer decoder blocks
-     (causal self-attention, causal cross-attention to enc, MLP) -> ln_f [-> minus wpe of the next positions] -> tied
-     head; in training, + the embedding loss between the cumulative mean of E and enc"""
+     (causal self-attention, causal cross-attention to enc, MLP) -> ln_f -> minus wpe of the next positions -> tied
+     head; in training, + the embedding loss between the cumulative mean of E and enc. Every part is causal."""
 
 import math
 import typing
@@ -370,8 +370,8 @@ class Transformer(nn.Module):
         return logits
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, kv_cache=True):
-        """Sample max_new_tokens tokens after idx (B, T); temperature 0: greedy; kv_cache: the same logits, faster."""
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, kv_cache=True, on_token=lambda t: None):
+        """Sample max_new_tokens tokens after idx (B, T), each also to on_token; temperature 0 is greedy."""
         cache = self.new_kv_cache() if kv_cache else None
         for _ in range(max_new_tokens):
             logits = self.next_logits(idx, cache)  # (B, vocab_size)
@@ -384,6 +384,7 @@ class Transformer(nn.Module):
                 cdf = F.softmax(logits / temperature, dim=-1).cumsum(dim=-1)  # (B, vocab_size)
                 u = torch.rand(cdf.size(0), 1, device=cdf.device) * cdf[:, -1:]  # (B, 1), in [0, total)
                 idx_next = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.size(-1) - 1)  # skips p = 0
+            on_token(idx_next)  # (B, 1), e.g. to print it as it comes
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
 
@@ -392,8 +393,7 @@ def build_model(config):
     return Transformer(config)
 
 
-# x.cumsum(dim=1) as an operator torch.compile keeps in its graph, running eager's ATen kernel: Inductor's own code
-# for it failed to compile on CUDA (docs/gpu.md, The cumsum graph break). Neither compiled nor a graph break.
+# x.cumsum(dim=1), kept in torch.compile's graph as eager's ATen kernel (Inductor's own failed on CUDA: docs/gpu.md)
 @torch.library.custom_op("aed::cumsum_time", mutates_args=())
 def cumsum_time(x: torch.Tensor) -> torch.Tensor:
     return x.cumsum(dim=1)

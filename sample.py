@@ -80,18 +80,11 @@ if max(start_ids) >= model_config.vocab_size:
     die(f"the prompt has token id {max(start_ids)}, but the model's vocab_size is {model_config.vocab_size}")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]  # (1, T)
 
-# streaming: generate() calls model.next_logits once per new token with all tokens so far, so a wrapper there
-# prints each token as soon as it is sampled. A character's UTF-8 bytes may be split across tokens: the
-# incremental decoder holds them back until it is complete, so the pieces add up to enc.decode(all tokens)
-def print_new(ids, final=False):
-    global printed
-    print(utf8.decode(b''.join(map(enc.decode_single_token_bytes, ids[printed:].tolist())), final), end='', flush=True)
-    printed = len(ids)
+# each token is printed as it is sampled. A character's UTF-8 bytes may be split across tokens: the incremental
+# decoder holds them back until the character is complete, so the pieces add up to enc.decode(all tokens)
+def print_tokens(ids):  # ids: (1, n)
+    print(utf8.decode(b''.join(map(enc.decode_single_token_bytes, ids[0].tolist()))), end='', flush=True)
 
-def next_logits_printing(idx, cache=None):
-    print_new(idx[0])
-    return next_logits(idx, cache)
-next_logits, model.next_logits = model.next_logits, next_logits_printing
 
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
       f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' if compile else ''}",
@@ -99,10 +92,11 @@ print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt
 try:
     with torch.no_grad(), autocast:
         for _ in range(num_samples):
-            printed, utf8 = 0, codecs.getincrementaldecoder('utf-8')(errors='replace')  # as enc.decode
-            y = model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, kv_cache=kv_cache)
-            print_new(y[0], final=True)
-            print('\n---------------', flush=True)
+            utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')  # as enc.decode
+            print_tokens(x)  # the prompt
+            model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, kv_cache=kv_cache,
+                           on_token=print_tokens)
+            print(utf8.decode(b'', final=True) + '\n---------------', flush=True)
 except KeyboardInterrupt:
     print(flush=True)  # ends the sample's line
     die("interrupted", status=130)
