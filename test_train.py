@@ -414,6 +414,7 @@ def test_run_header_and_expected_time(tmp_path):
              for key in ('aed model, ', 'compiling the model', 'compiled in', 'step 0: estimate')}
     assert where['aed model, '] < where['compiling the model'] < where['compiled in'] < where['step 0: estimate']
     assert 'about a minute' in lines[where['compiling the model']]
+    assert f"train tokens (all) of {os.path.join(data, 'tiny')} |" in lines[where['aed model, ']]  # the data it reads
     expected = [line for line in lines if line.startswith('expected: ')]
     assert len(expected) == 2, p.stdout
     assert '(the first step)' in expected[0] and '~' in expected[0]

@@ -210,8 +210,8 @@ if master:  # the header first: a slow start (compiling, or hardware too slow fo
     mfu_txt = f" | {gpu}, MFU of {peak_flops / 1e12:.0f} TFLOP/s" if peak_flops else f" | {gpu}: no MFU" if gpu else ""
     print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
           f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
-          f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} | {world_size} process(es), "
-          f"{device}, {dtype}, compile {'on' if compile else 'off'}{mfu_txt}", flush=True)
+          f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} of {os.path.join(data_dir, dataset)} | "
+          f"{world_size} process(es), {device}, {dtype}, compile {'on' if compile else 'off'}{mfu_txt}", flush=True)
     threads, idle = torch.get_num_threads(), os.cpu_count() - os.getloadavg()[0]
     if device_type == 'cpu' and threads > 1 and threads > idle + 0.5:  # threads that wait on each other
         print(f"note: torch uses {threads} threads, but only ~{max(idle, 0):.1f} of this machine's cores are idle: "
