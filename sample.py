@@ -5,6 +5,7 @@ $ python sample.py --out_dir=out-cpu-baseline --start=FILE:prompt.txt --kv_cache
 """
 import codecs
 import os
+import signal
 import sys
 from contextlib import nullcontext
 
@@ -89,6 +90,7 @@ def print_tokens(ids):  # ids: (1, n)
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
       f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' if compile else ''}",
       file=sys.stderr, flush=True)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops us even if started with SIGINT ignored
 try:
     with torch.no_grad(), autocast:
         for _ in range(num_samples):
