@@ -14,11 +14,9 @@ str). A mistake raises ConfigError, one line naming the nearest valid key; die()
 """
 import ast
 import difflib
-import io
 import os
 import re
 import sys
-import tokenize
 import types
 
 NONE_OK = (type(None), bool, int, float, str)
@@ -144,26 +142,20 @@ def load_config(defaults, argv, base=None, sources=None):
 
 
 def key_comments(path):
-    """{name: comment} from the lines `name = value  # comment` of a Python file (also `name: type = value`
-    and `name=value,  # comment` inside a call): the first such line of each name."""
+    """{name: comment} from the lines `name = value  # comment` of a Python file (also `name: type = value` and
+    `name=value,  # comment` inside a call): the first such line of each name."""
+    comments = {}
     with open(path, encoding="utf-8") as f:
-        source = f.read()
-    lines, comments = source.splitlines(), {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):  # real comments: not a '#' in a string
-        m = tok.type == tokenize.COMMENT and re.match(r"\s*(\w+)\s*(:[^=]*)?=(?!=)", lines[tok.start[0] - 1])
-        if m and m.group(1) not in comments:
-            comments[m.group(1)] = tok.string.lstrip("#").strip()
+        for line in f:
+            if m := re.match(r"\s*(\w+)\s*(?::[^=]*)?=(?!=)[^#]*#\s*(.*)", line):
+                comments.setdefault(m[1], m[2].rstrip())
     return comments
 
 
 def help_text(defaults, sources):
-    """The first source's docstring as written, then every key with its default and the comment beside it."""
+    """The first source's docstring, then every key with its default and the comment beside it."""
     with open(sources[0], encoding="utf-8") as f:
-        source = f.read()
-    body = ast.parse(source).body
-    doc = ""
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        doc = ast.get_source_segment(source, body[0]).strip("\"'rRuU")  # the raw text: keeps its \ continuations
+        doc = ast.get_docstring(ast.parse(f.read()), clean=False) or ""
     comments = {}
     for path in reversed(sources):  # where two sources describe a key, the first wins
         comments.update(key_comments(path))
@@ -180,17 +172,12 @@ def collect_defaults(namespace):
     return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, NONE_OK)}
 
 
-def check_device(device):
-    """The device names train.py and sample.py take: raise ConfigError for anything else."""
-    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
-        raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
-
-
 def resolve_device(device, dtype):
     """(device, device_type, dtype) on this machine. 'auto': cuda if torch sees a GPU, else cpu; bfloat16 on a GPU
     that supports it, else float16; float32 off the GPU. ConfigError for a name or a device this machine lacks."""
     import torch  # here, not at the top: prepare.py and report.py never need it
-    check_device(device)
+    if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
+        raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
     if device == "auto":
