@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from configurator import ConfigError, collect_defaults, die, load_config
+from configurator import ConfigError, collect_defaults, die, load_config, resolve_device
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -507,11 +507,9 @@ if __name__ == "__main__":
         if unknown:
             raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}: "
                               f"choose from train,generate,data,prepare,memory,step")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        device_type = "cuda" if device.startswith("cuda") else device
-        if device_type not in ("cpu", "cuda") or (device_type == "cuda" and not torch.cuda.is_available()):
-            raise ConfigError(f"device {device!r} is not available here")
+        device, device_type, _ = resolve_device(device, "auto")  # bench times bf16 on CUDA, float32 on CPU
+        if device_type not in ("cpu", "cuda"):
+            raise ConfigError(f"bench.py runs on cpu or cuda, not {device!r}")
         step_n_sequences = step_sequences or (800 if device_type == "cuda" else 2 if quick else 4)
         splits = micro_batches if micro_batches != "auto" else "16,4,1" if device_type == "cuda" else "2,1"
         try:
