@@ -96,6 +96,7 @@ class RunDir:
         self.step, self.saved_step, self.best_val_loss, self.best_step, self.last_est, self.elapsed_before = \
             (ckpt['step'], ckpt['step'], ckpt['best_val_loss'], ckpt['best_step'], ckpt['last_est'], ckpt['elapsed']) \
             if ckpt else (0, None, float('inf'), None, {}, 0.0)
+        self.saved_tokens = ckpt.get('tokens') if ckpt else None  # tokens seen, whatever the batch was before
         if master:
             self._claim(ckpt is None, overwrite)
 
@@ -146,6 +147,7 @@ class RunDir:
         A resume redoes what a kill right after the last save cut off (the ckpt_best.pt link, summary.json)."""
         from checkpoint import CheckpointError, link
         self.train_steps, self.tokens_per_step, self.facts = train_steps, tokens_per_step, facts
+        self.start_step, self.start_tokens = self.step, self.saved_tokens or self.step * tokens_per_step
         self.started = time.time()
         if self.master:
             resume = self.saved_step is not None
@@ -162,8 +164,11 @@ class RunDir:
     def elapsed(self):
         return self.elapsed_before + (time.time() - self.started if self.started else 0.0)
 
+    def tokens(self, step):  # a resume may change the tokens a step
+        return self.start_tokens + (step - self.start_step) * self.tokens_per_step
+
     def epochs(self, step):  # passes over the training tokens
-        return step * self.tokens_per_step / self.facts['train_tokens']
+        return self.tokens(step) / self.facts['train_tokens']
 
     def log(self, rec):
         from checkpoint import write_error
@@ -175,7 +180,7 @@ class RunDir:
     def log_step(self, step, **rec):
         self.step = step
         if self.master:
-            self.log({'type': 'step', 'step': step, **rec, 'tokens': step * self.tokens_per_step,
+            self.log({'type': 'step', 'step': step, **rec, 'tokens': self.tokens(step),
                       'epochs': self.epochs(step), 'time': round(self.elapsed(), 2)})
 
     def estimate(self, step, est, **more):
@@ -187,7 +192,7 @@ class RunDir:
             self.best_val_loss, self.best_step = est['val'], step
         self.last_est = est
         self.log({'type': 'est', 'step': step, **est, 'best_val': self.best_val_loss,
-                  'tokens': step * self.tokens_per_step, 'epochs': self.epochs(step), 'time': round(self.elapsed(), 2),
+                  'tokens': self.tokens(step), 'epochs': self.epochs(step), 'time': round(self.elapsed(), 2),
                   **more})
         return improved
 
@@ -201,6 +206,7 @@ class RunDir:
         ckpt = {'model': model.state_dict(), 'optimizer': optimizer.state_dict(), 'scaler': scaler.state_dict(),
                 'config': self.facts['config'], 'step': step, 'best_val_loss': self.best_val_loss,
                 'best_step': self.best_step, 'last_est': self.last_est, 'elapsed': self.elapsed(),
+                'tokens': self.tokens(step),
                 'rng': {'torch': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state() if cuda else None}}
         tensors = list(ckpt['model'].items()) + [(f"optimizer state {k} of parameter {i}", v)
                                                   for i, s in ckpt['optimizer']['state'].items() for k, v in s.items()]
@@ -224,7 +230,7 @@ class RunDir:
                    'train_steps': self.train_steps, 'final_train_loss': self.last_est.get('train'),
                    'final_val_loss': self.last_est.get('val'),
                    'best_val_loss': self.best_val_loss if self.best_val_loss < float('inf') else None,
-                   'tokens_seen': step * self.tokens_per_step, 'epochs': round(self.epochs(step), 4),
+                   'tokens_seen': self.tokens(step), 'epochs': round(self.epochs(step), 4),
                    'wall_time_s': round(self.elapsed(), 1), **self.facts, 'peak_gpu_memory_mib':
                    round(torch.cuda.max_memory_allocated(device) / 2 ** 20) if device.startswith('cuda') else None}
         try:
