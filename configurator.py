@@ -56,7 +56,8 @@ def check_type(key, value, default, where):
     if default is None:
         if isinstance(value, NONE_OK):
             return value
-        raise ConfigError(f"{key} {where}: expected None, bool, int, float or str, got {type(value).__name__} {value!r}")
+        raise ConfigError(f"{key} {where}: expected None, bool, int, float or str, "
+                          f"got {type(value).__name__} {value!r}")
     want = type(default)
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)  # ints are fine for floats: lr=1 means 1.0
@@ -156,10 +157,9 @@ def help_text(defaults, sources):
     """The first source's docstring, then every key with its default and the comment beside it."""
     with open(sources[0], encoding="utf-8") as f:
         doc = ast.get_docstring(ast.parse(f.read()), clean=False) or ""
-    comments = {}
-    for path in reversed(sources):  # where two sources describe a key, the first wins
-        comments.update(key_comments(path))
-    lines = [doc.strip("\n"), "", "Keys and their defaults (--key=value; a boolean key alone means True, --no-key False):"]
+    comments = {k: v for path in reversed(sources) for k, v in key_comments(path).items()}  # the first source wins
+    lines = [doc.strip("\n"), "",
+             "Keys and their defaults (--key=value; a boolean key alone means True, --no-key False):"]
     for key, value in defaults.items():
         line = f"  {key} = {value!r}"
         lines.append(f"{line:36s}  # {comments[key]}" if key in comments else line)

@@ -202,7 +202,8 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         meta = {"vocab_size": 50257, "eot_token": 50256, "dtype": "uint16", "tokenizer": "GPT-2 BPE (tiktoken gpt2)",
                 "train_tokens": counts[0], "val_tokens": counts[1], "eot_separates_documents": eot,
                 "characters": n_chars, "split_character": split_at, "split_moved_to_document_end": at_eot,
-                "source": url or input or WIKI_SOURCE, "license": "unknown (user-supplied input)" if input else WIKI_LICENSE}
+                "source": url or input or WIKI_SOURCE,
+                "license": "unknown (user-supplied input)" if input else WIKI_LICENSE}
         with open(tmp["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
         for k in ("meta.json", "train.bin", "val.bin"):  # old outputs go first: never a mixed pair

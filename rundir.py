@@ -53,8 +53,8 @@ def _stop_on_signal(r):
     name = signal.Signals(signum).name
     with _saving:  # a save under way finishes first, so the message names the step really saved
         if int(os.environ.get('RANK', 0)) == 0:  # under torchrun, which passes the signal on: rank 0 speaks
-            print(f"error: {_run.interrupted(name) if _run else f'interrupted by {name} while starting'}",
-                  file=sys.stderr, flush=True)
+            where = f"at step {_run.step}; {_run.last_saved()}" if _run else "while starting"
+            print(f"error: interrupted by {name} {where}", file=sys.stderr, flush=True)
         os._exit(128 + signum)
 
 
@@ -175,7 +175,7 @@ class RunDir:
         try:
             self.log_file.write((json.dumps(rec) + '\n').encode())  # unbuffered: one write() per record
         except OSError as e:
-            die(f"{write_error(self.log_file.name, e)}; stopped at step {rec['step']}: {self.last_saved()}")
+            die(f"{write_error(self.log_file.name, e)}; stopped at step {rec['step']}: {self.last_saved(advice=False)}")
 
     def log_step(self, step, **rec):
         self.step = step
@@ -220,7 +220,7 @@ class RunDir:
                 if best:
                     link(self.path('ckpt_last.pt'), self.path('ckpt_best.pt'))
             except CheckpointError as e:
-                die(f"{e}; stopped at step {step}: {self.last_saved()}{self.how_to_continue()}")
+                die(f"{e}; stopped at step {step}: {self.last_saved()}")
 
     def summary(self, step, status=None):
         from checkpoint import CheckpointError, atomic_write
@@ -236,14 +236,14 @@ class RunDir:
         try:
             atomic_write(self.path('summary.json'), lambda f: f.write(json.dumps(summary, indent=2).encode()))
         except CheckpointError as e:
-            die(f"{e}; stopped at step {step}: {self.last_saved()}{self.how_to_continue()}")
+            die(f"{e}; stopped at step {step}: {self.last_saved()}")
 
     def stop(self, reason, step):
         """A NaN/inf: stop on every rank, without saving, so ckpt_last.pt stays the last good one."""
         if self.master:
             self.log({'type': 'stop', 'step': step, 'reason': reason})
             self.summary(step, 'stopped: ' + reason)
-        die(f"{reason} at step {step}; stopped without saving: {self.last_saved()}")
+        die(f"{reason} at step {step}; stopped without saving: {self.last_saved(advice=False)}")
 
     def expect(self, step, dt, est_s, est_interval):
         """After this process's first step, and after ten from their median: the time the rest will take (est_s:
@@ -260,15 +260,9 @@ class RunDir:
               f"for the {self.train_steps - step:,} steps left{ests}: the whole run ~{duration(self.elapsed() + rest)}",
               flush=True)
 
-    def last_saved(self):
+    def last_saved(self, advice=True):
+        """The last checkpoint (or none yet), and with advice how to go on from it."""
         if self.saved_step is None:
-            return "no checkpoint was saved yet"
-        return f"the last checkpoint, {self.path('ckpt_last.pt')}, is from step {self.saved_step}"
-
-    def how_to_continue(self):
-        if self.saved_step is None:
-            return " (the same command starts the run over)"
-        return f": continue with --init_from=resume --out_dir={self.dir}"
-
-    def interrupted(self, name):
-        return f"interrupted by {name} at step {self.step}; {self.last_saved()}{self.how_to_continue()}"
+            return "no checkpoint was saved yet" + (" (the same command starts the run over)" if advice else "")
+        return (f"the last checkpoint, {self.path('ckpt_last.pt')}, is from step {self.saved_step}"
+                + (f": continue with --init_from=resume --out_dir={self.dir}" if advice else ""))

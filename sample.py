@@ -44,8 +44,7 @@ if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature < 0:
 if compile and not kv_cache:
     die("--compile=True compiles the cached one-token step: it needs --kv_cache=True")
 
-ptdtype = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[dtype]
-autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=ptdtype)
+autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
 torch.manual_seed(seed)
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')
@@ -76,7 +75,7 @@ if start.startswith('FILE:'):
     except UnicodeDecodeError as e:
         die(f"prompt file {path} is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r})")
 enc = get_encoding()
-start_ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]  # empty prompt: start at <|endoftext|>
+start_ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]  # empty prompt: the eot token
 if max(start_ids) >= model_config.vocab_size:
     die(f"the prompt has token id {max(start_ids)}, but the model's vocab_size is {model_config.vocab_size}")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]  # (1, T)

@@ -77,8 +77,7 @@ try:  # --help lists every key, with the comments beside them here and in model.
     ckpt, changes = None, []
     if config['init_from'] == 'resume':  # the run's own config, and what this command line changes in it
         config, ckpt, changes = resume_config(config['out_dir'], DEFAULTS, sys.argv[1:])
-    run_config = dict(config)  # as given (device 'auto' stays 'auto'), so a resume on other hardware works
-    globals().update(config)
+    globals().update(config)  # config itself stays as given (device 'auto' too), so a resume on other hardware works
     device, device_type, dtype = resolve_device(device, dtype)
     model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS})
 except (ConfigError, CheckpointError) as e:
@@ -121,7 +120,6 @@ micro_steps = gradient_accumulation_steps // world_size  # per rank
 tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all ranks together
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')  # TF32 matmuls
-    torch.backends.cudnn.allow_tf32 = True
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
 # on GPUs the full (B, T, vocab) logits and F.cross_entropy, as the author (docs/gpu.md, The chunked loss on a GPU);
 # on CPU the chunked cross-entropy: the same value, faster, without the logits in memory (docs/performance.md)
@@ -149,13 +147,12 @@ def open_split(split, limit=0):
 
 train_data, val_data = open_split('train', train_tokens), open_split('val')
 meta_path = os.path.join(data_dir, dataset, 'meta.json')
-if os.path.isfile(meta_path):
-    try:
-        meta_vocab = dict(json.load(open(meta_path))).get('vocab_size')
-    except (OSError, UnicodeDecodeError, ValueError, TypeError) as e:
-        die(f"cannot read {meta_path}: expected a JSON object as prepare.py writes it ({first_line(e)})")
-    if isinstance(meta_vocab, int) and meta_vocab > vocab_size:
-        die(f"{meta_path} says vocab_size {meta_vocab}, more than the model's vocab_size {vocab_size}")
+try:
+    meta_vocab = dict(json.load(open(meta_path))).get('vocab_size') if os.path.isfile(meta_path) else None
+except (OSError, UnicodeDecodeError, ValueError, TypeError) as e:
+    die(f"cannot read {meta_path}: expected a JSON object as prepare.py writes it ({first_line(e)})")
+if isinstance(meta_vocab, int) and meta_vocab > vocab_size:
+    die(f"{meta_path} says vocab_size {meta_vocab}, more than the model's vocab_size {vocab_size}")
 
 def get_batch(data, ix):
     # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
@@ -301,14 +298,14 @@ def get_lr(step):
 # logging
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size, device=device,
           dtype=dtype, params=raw_model.get_num_params(), compiled=eval_model is not raw_model, gpu=gpu,
-          torch=torch.__version__, config=run_config)
+          torch=torch.__version__, config=config)
 if master and wandb_log:
     try:
         import wandb
     except ImportError:
         die("wandb_log=True needs wandb: pip install wandb")
     wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)),
-               config=run_config, resume='allow')
+               config=config, resume='allow')
 
 # training loop
 step = start_step
@@ -344,7 +341,7 @@ while True:
     for group in optimizer.param_groups:
         group['lr'] = lr_now
     t0 = time.time()
-    stats = torch.zeros(4, device=device)  # summed over micro-steps: loss, ce, embedding loss, #embedding losses
+    stats = torch.zeros(3, device=device)  # summed over micro-steps: loss, ce, embedding loss
     data_s = 0.0  # time spent fetching batches: logged, so a slow data path shows
     for micro, ix in enumerate(train_offsets(step)):
         t_data = time.time()
@@ -358,12 +355,10 @@ while True:
         stats[1] += raw_model.last_ce.float()
         if raw_model.last_embedding_loss is not None:
             stats[2] += raw_model.last_embedding_loss.float()
-            stats[3] += 1
     if ddp:
         dist.all_reduce(stats)  # every rank sees the same numbers, so all stop together on NaN
-    loss_v, ce_v, emb_sum, emb_n = stats.tolist()
-    loss_v, ce_v = loss_v / (micro_steps * world_size), ce_v / (micro_steps * world_size)
-    emb_v = emb_sum / emb_n if emb_n else None
+    loss_v, ce_v, emb_v = (v / (micro_steps * world_size) for v in stats.tolist())
+    emb_v = emb_v if raw_model.last_embedding_loss is not None else None  # (the same on every micro-step)
     if not math.isfinite(loss_v):
         run.stop(f"training loss is {loss_v}", step)
     if grad_clip > 0.0:
@@ -383,7 +378,7 @@ while True:
                  data_ms=round(data_s * 1000, 3), tok_s=round(tok_s, 1), mfu=mfu)
     if master and (step % log_interval == 0 or step == train_steps):
         # the loss the optimizer sees, and with the embedding loss on what it is made of (the estimates: ce alone)
-        parts = f" (ce {ce_v:.4f} + {model_config.embedding_loss_coeff:g} x emb {emb_v:.3e})" if emb_n else ""
+        parts = "" if emb_v is None else f" (ce {ce_v:.4f} + {model_config.embedding_loss_coeff:g} x emb {emb_v:.3e})"
         print(f"step {step}/{train_steps} | loss {loss_v:.4f}{parts} | lr {lr_now:.2e} | epoch {run.epochs(step):.2f}"
               f" | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s{f' | mfu {mfu * 100:.1f}%' if mfu else ''}", flush=True)
         if wandb_log:
