@@ -12,13 +12,16 @@ import bench
 from model import ModelConfig, build_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# one thread: these tests check what bench.py reports, not how fast; two threads on a machine whose other core is
+# busy wait on each other at every small op (the quick bench went from about 5 min to about 1)
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 def test_bench_quick(tmp_path):
     out = tmp_path / "bench.json"
-    # the timeout only catches a hang: on a 2-core VM busy with training runs the quick bench took 6-10 min
+    # the timeout only catches a hang
     p = subprocess.run([sys.executable, "bench.py", "--quick", f"--out_json={out}"], cwd=HERE,
-                       capture_output=True, text=True, timeout=1800)
+                       capture_output=True, text=True, env=ENV, timeout=1800)
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     assert r["machine"]["threads"] >= 1 and r["matmul_peak_flops"] > 0
@@ -46,7 +49,7 @@ def test_bench_quick(tmp_path):
 
 
 def test_bench_bad_option():
-    p = subprocess.run([sys.executable, "bench.py", "--quik=True"], cwd=HERE, capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "bench.py", "--quik=True"], cwd=HERE, capture_output=True, text=True, env=ENV)
     assert p.returncode == 1 and "quick" in p.stderr and "Traceback" not in p.stderr
 
 
@@ -65,7 +68,7 @@ def test_bench_step_quick(tmp_path):
     (eager on CPU, so the graph-break variant, the same computation there, is left out)."""
     out = tmp_path / "bench.json"
     p = subprocess.run([sys.executable, "bench.py", "--quick", "--sections=step", "--step_models=aed",
-                        f"--out_json={out}"], cwd=HERE, capture_output=True, text=True, timeout=600)
+                        f"--out_json={out}"], cwd=HERE, capture_output=True, text=True, env=ENV, timeout=600)
     assert p.returncode == 0, p.stderr
     rows = json.loads(out.read_text())["step"]
     assert [(r["micro_batches"], r["micro_batch"], r["variant"]) for r in rows] == [
@@ -83,7 +86,7 @@ def test_bench_step_quick(tmp_path):
 ])
 def test_bench_step_bad_option(args, words):
     p = subprocess.run([sys.executable, "bench.py", "--quick", "--sections=step", *args], cwd=HERE,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=ENV)
     assert p.returncode == 1 and words in p.stderr and "Traceback" not in p.stderr
 
 
