@@ -58,6 +58,29 @@ def _stop_on_signal(r):
         os._exit(128 + signum)
 
 
+def provenance(threads):
+    """Where a run runs: the code (git commit, and whether the tree had changes), the software, the hardware. Enough
+    to tell two runs of the same config apart when their numbers differ (docs/training.md, What reproduces)."""
+    import platform
+    import subprocess
+    def git(*args):
+        try:
+            return subprocess.run(['git', *args], capture_output=True, text=True, timeout=10,
+                                  cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+    commit = git('rev-parse', 'HEAD')
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as f:
+            cpu = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), cpu)
+    except OSError:
+        pass
+    return {'commit': commit, 'tree_changed': bool(git('status', '--porcelain', '--untracked-files=no'))
+            if commit else None, 'python': platform.python_version(), 'threads': threads, 'cpu': cpu,
+            'cpu_count': os.cpu_count()}
+
+
 def duration(s):
     return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 90 * 60 else f"{s / 3600:.1f} h"
 
@@ -97,6 +120,7 @@ class RunDir:
             (ckpt['step'], ckpt['step'], ckpt['best_val_loss'], ckpt['best_step'], ckpt['last_est'], ckpt['elapsed']) \
             if ckpt else (0, None, float('inf'), None, {}, 0.0)
         self.saved_tokens = ckpt.get('tokens') if ckpt else None  # tokens seen, whatever the batch was before
+        self.whole = {}  # the last and the best model's ce on all of val.bin, at the end
         if master:
             self._claim(ckpt is None, overwrite)
 
@@ -196,6 +220,12 @@ class RunDir:
                   **more})
         return improved
 
+    def whole_val(self, step, last, best, n_tokens):
+        """The end of a run: the last and the best model's ce on all of val.bin, logged and in summary.json."""
+        self.whole = {'whole_val_last': last, 'whole_val_best': best, 'whole_val_tokens': n_tokens}
+        self.log({'type': 'whole_val', 'step': step, 'best_step': self.best_step, **self.whole})
+        self.summary(step)
+
     def save(self, step, model, optimizer, scaler, best=False):
         """ckpt_last.pt: the model, optimizer and RNG states and the run's bookkeeping; ckpt_best.pt a hard link to
         it if best. Non-finite weights or Adam moments (an overflowing update, whatever the loss said) stop the run
@@ -231,7 +261,7 @@ class RunDir:
                    'final_val_loss': self.last_est.get('val'),
                    'best_val_loss': self.best_val_loss if self.best_val_loss < float('inf') else None,
                    'tokens_seen': self.tokens(step), 'epochs': round(self.epochs(step), 4),
-                   'wall_time_s': round(self.elapsed(), 1), **self.facts, 'peak_gpu_memory_mib':
+                   **self.whole, 'wall_time_s': round(self.elapsed(), 1), **self.facts, 'peak_gpu_memory_mib':
                    round(torch.cuda.max_memory_allocated(device) / 2 ** 20) if device.startswith('cuda') else None}
         try:
             atomic_write(self.path('summary.json'), lambda f: f.write(json.dumps(summary, indent=2).encode()))

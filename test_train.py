@@ -1011,3 +1011,35 @@ def alive(pid):
         return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] != 'Z'
     except OSError:
         return False
+
+
+def test_run_records_where_it_ran_and_its_whole_val_loss(tmp_path):
+    """summary.json says where the run ran (commit, threads, CPU, ...) and, at the end, the last and the best
+    model's ce on all of val.bin (the same tokens whatever the seed), each equal to an independent computation."""
+    from checkpoint import load
+    from model import build_model
+    import torch.nn.functional as F
+    out = str(tmp_path / 'out')
+    assert tiny_run(tmp_path, '--train_steps=10').returncode == 0
+    p = tiny_run(tmp_path, '--init_from=resume', '--train_steps=15', '--lr=3', '--warmup_iters=0')  # val gets worse
+    assert p.returncode == 0, p.stderr
+    s = json.load(open(os.path.join(out, 'summary.json')))
+    assert s['best_val_loss'] < s['final_val_loss']  # so the best model is not the last one
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert s['commit'] == (head or None) and isinstance(s['tree_changed'], bool) == bool(head)
+    assert s['threads'] == torch.get_num_threads() and s['cpu'] and s['python'] and s['torch'] == torch.__version__
+    val = np.fromfile(os.path.join(tmp_path, 'tiny', 'val.bin'), dtype=np.uint16).astype(np.int64)
+    n = (len(val) - 1) // 16  # context_size 16
+    x = torch.from_numpy(val[:n * 16].reshape(n, 16))
+    y = torch.from_numpy(val[1:n * 16 + 1].reshape(n, 16))
+    for name, key in (('last', 'whole_val_last'), ('best', 'whole_val_best')):
+        ckpt, model_config = load(os.path.join(out, f'ckpt_{name}.pt'))
+        m = build_model(model_config)
+        m.load_state_dict(ckpt['model'])
+        m.eval()
+        with torch.no_grad():
+            logits = m(x, y, return_logits=True)[0]
+        ce = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)).item()
+        assert math.isclose(s[key], ce, rel_tol=1e-5), (name, s[key], ce)
+    assert s['whole_val_tokens'] == n * 16 and s['whole_val_best'] != s['whole_val_last']
+    assert [r for r in read_log(out) if r['type'] == 'whole_val'][-1]['whole_val_best'] == s['whole_val_best']

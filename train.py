@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import MODEL_KEYS, CheckpointError
+from checkpoint import MODEL_KEYS, CheckpointError, load
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from model import ModelConfig, build_model
-from rundir import RunDir, duration, resume_config
+from rundir import RunDir, duration, provenance, resume_config
 
 # -----------------------------------------------------------------------------
 # defaults: the author's common settings (docs/model.md, The author's settings)
@@ -283,6 +283,21 @@ def estimate_seconds():
     raw_model.train()
     return (time.time() - t0) * (batch_size / rows) * (context_size / n) * 2 * est_steps
 
+@torch.no_grad()
+def whole_val_loss(m):
+    # eval-mode cross-entropy over all of val.bin in consecutive windows: the same tokens for every seed and run
+    # (the estimates' random batches are ~12% of it and depend on the seed). Not predicted: the first token, and
+    # a tail shorter than a window
+    n = (len(val_data) - 1) // context_size
+    starts, total = np.arange(n) * context_size, 0.0
+    m.eval()
+    for i in range(0, n, batch_size):
+        X, Y = get_batch(val_data, starts[i:i + batch_size])
+        with autocast:
+            total += m(X, Y, return_logits=full_logits)[1].float().item() * len(X)
+    m.train()
+    return total / n, n * context_size
+
 def get_lr(step):
     # the author's schedule (docs/model.md, The author's lr schedule), with step 0-based: linear warm-up, then
     # cosine decay to min_lr at lr_decay_iters; both count step + 1 (nanoGPT's warm-up is up to 0.33% lower)
@@ -298,7 +313,7 @@ def get_lr(step):
 # logging
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size, device=device,
           dtype=dtype, params=raw_model.get_num_params(), compiled=eval_model is not raw_model, gpu=gpu,
-          torch=torch.__version__, config=config)
+          torch=torch.__version__, **provenance(torch.get_num_threads()), config=config)
 if master and wandb_log:
     try:
         import wandb
@@ -386,6 +401,20 @@ while True:
                        'tok_s': tok_s, 'mfu': mfu})
     run.expect(step, dt, est_s, est_interval)  # after the first step and the tenth: the time the rest will take
 
+if master and step >= train_steps:  # the last and the best model on all of val.bin (eager: any batch shape)
+    last, n_tokens = whole_val_loss(raw_model)
+    best = last
+    if run.best_step is not None and run.best_step != step:
+        try:
+            best_model = build_model(model_config)
+            best_model.load_state_dict(load(run.path('ckpt_best.pt'))[0]['model'])
+        except CheckpointError as e:
+            die(e)
+        best = whole_val_loss(best_model.to(device))[0]
+        del best_model
+    run.whole_val(step, last, best, n_tokens)
+    print(f"all of val.bin ({n_tokens:,} tokens): ce {last:.4f} at the end, {best:.4f} at the best estimate "
+          f"(step {run.best_step})", flush=True)
 if master:
     mem_txt = f", peak GPU memory {torch.cuda.max_memory_allocated(device) // 2 ** 20:,} MiB" if gpu else ""
     print(f"done: {step} steps, {run.tokens(step):,} tokens, best val loss {run.best_val_loss:.4f}, "

@@ -4,7 +4,8 @@
 # The author's runs saw their 38.3M training tokens ~37 times and all of them overfit (train 2.94-3.17,
 # val 3.38-3.42); cpu_runs.sh sees each token 0.66 times and nothing overfits. Here the same CPU models
 # (config/cpu_*.py, ~5.3M parameters) train on the first TRAIN_TOKENS tokens of train.bin only, for
-# STEPS steps of 8 x 128 tokens: STEPS * 1024 / TRAIN_TOKENS epochs. Validation is the whole val.bin.
+# STEPS steps of 8 x 128 tokens: STEPS * 1024 / TRAIN_TOKENS epochs. The estimates read 12 batches of val.bin
+# (drawn by the seed); at the end train.py also scores the last and the best model on all of val.bin.
 #
 # Why these values. A short pilot (cpu_baseline on the first 100k and 250k tokens, stopped after 300 steps)
 # showed 100k overfitting within 3 epochs and 250k not yet; the baseline run of this script then confirmed
@@ -48,7 +49,15 @@ RUNS=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3
       aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec
       baseline_dropout_seed2 baseline_dropout_seed3
       aed_mse_possub_rerun aed_mse_possub_noaffine aed_mse_possub_noaffine_seed2 aed_mse_possub_noaffine_seed3
-      aed_mse_possub_dropout aed_mse_possub_dropout_seed2 aed_mse_possub_dropout_seed3)
+      aed_mse_possub_dropout aed_mse_possub_dropout_seed2 aed_mse_possub_dropout_seed3
+      baseline_flat aed_mse_possub_flat baseline_dropout_flat baseline_matched
+      baseline_dropout01 aed_mse_possub_dropout01 aed_mse_possub_noaffine_coeff1 aed_deep baseline_deep
+      baseline_flat_seed2 aed_mse_possub_flat_seed2 baseline_dropout_flat_seed2 baseline_matched_seed2
+      baseline_dropout01_seed2 aed_mse_possub_dropout01_seed2 aed_mse_possub_noaffine_coeff1_seed2
+      aed_deep_seed2 baseline_deep_seed2
+      baseline_flat_seed3 aed_mse_possub_flat_seed3 baseline_dropout_flat_seed3 baseline_matched_seed3
+      baseline_dropout01_seed3 aed_mse_possub_dropout01_seed3 aed_mse_possub_noaffine_coeff1_seed3
+      aed_deep_seed3 baseline_deep_seed3)
 # (launched in another order, below)
 
 echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
@@ -86,6 +95,8 @@ run() {  # run <run name> <config name> [extra train.py args...]
     mv "$res/log.jsonl.tmp" "$res/log.jsonl"
     cp "$out/summary.json" "$res/summary.json.tmp"
     mv "$res/summary.json.tmp" "$res/summary.json"
+    # no path of this machine in what is committed: an absolute OUT becomes the default's name
+    if [ "${OUT#/}" != "$OUT" ]; then sed -i "s#\"$OUT/#\"out-cpu-dc/#g" "$res/summary.json" "$res/log.jsonl"; fi
     echo "=== $(date -u +%H:%M:%S) $name finished: $(tail -n 1 "$out.log")"
 }
 
@@ -143,6 +154,32 @@ report() {  # tables and charts over the runs finished so far
         } > "${RES}_regularised.md.tmp"
         mv "${RES}_regularised.md.tmp" "${RES}_regularised.md"
     fi
+    # the confounds and the first objections, paired by seed with what each changes
+    local conf=() cpairs=()
+    for r in "${RUNS[@]:23}" baseline baseline_seed2 baseline_seed3 aed_mse_possub aed_mse_possub_seed2 \
+             aed_mse_possub_seed3 baseline_dropout baseline_dropout_seed2 baseline_dropout_seed3; do
+        if have "$r"; then conf+=("$RES/$r"); fi
+    done
+    for p in aed_mse_possub_flat,baseline_flat aed_mse_possub_flat,baseline_dropout_flat baseline_flat,baseline \
+             aed_mse_possub_flat,aed_mse_possub baseline_dropout_flat,baseline_dropout \
+             aed_mse_possub,baseline_matched baseline_matched,baseline \
+             aed_mse_possub_dropout01,baseline_dropout01 baseline_dropout01,baseline \
+             aed_mse_possub_dropout01,aed_mse_possub aed_mse_possub_noaffine_coeff1,aed_mse_possub \
+             aed_mse_possub_noaffine_coeff1,baseline aed_deep,baseline_deep; do
+        if have "${p%,*}" && have "${p#*,}"; then cpairs+=("$p"); fi
+    done
+    if [ ${#cpairs[@]} -gt 0 ]; then
+        {
+            echo "The confounds and the first objections (experiments/cpu_data_constrained.sh): the author's flat lr,"
+            echo "a GPT with the AED's non-embedding parameters, dropout 0.1, the non-collapsing loss at coefficient 1,"
+            echo "and the author's depth; ${#conf[@]} runs here."
+            echo
+            python report.py "${conf[@]}" --x=epochs --svg="${RES}_confounds.svg" \
+                "--compare=$(IFS=';'; echo "${cpairs[*]}")" \
+                --title="val loss, the confounds and objections (${#conf[@]} runs)"
+        } > "${RES}_confounds.md.tmp"
+        mv "${RES}_confounds.md.tmp" "${RES}_confounds.md"
+    fi
     if [ ${#pair[@]} -gt 0 ]; then
         python report.py "${pair[@]}" --svg="${RES}_pair.svg" --x=epochs --train=True \
             --title="aed_mse_possub vs baseline: val (solid) and train (dashed)" > /dev/null
@@ -189,6 +226,23 @@ launch aed_mse_possub_noaffine_seed2 cpu_aed_mse_possub --embedding_ln_affine=Fa
 launch aed_mse_possub_dropout_seed2 cpu_aed_mse_possub --dropout_rate=0.2 --seed=2
 launch aed_mse_possub_noaffine_seed3 cpu_aed_mse_possub --embedding_ln_affine=False --seed=3
 launch aed_mse_possub_dropout_seed3 cpu_aed_mse_possub --dropout_rate=0.2 --seed=3
+# the confounds and the first objections (experiments/README.md, Confounds): seed 1337 of each first, then 2, 3.
+# flat: the author's schedule (warm-up, then the peak lr: lr_decay_iters 700000 as in config/, the run stops at
+# STEPS); matched: a GPT as wide as gives the key AED's non-embedding parameters (105 wide, +0.6%, same depth);
+# deep: the author's shape, 6 + 6 blocks of width 80 against 12 of width 84 (about the same parameters)
+for s in 1337 2 3; do
+    sfx=$([ $s = 1337 ] && echo "" || echo "_seed$s")
+    launch baseline_flat$sfx cpu_baseline --lr_decay_iters=700000 --seed=$s
+    launch aed_mse_possub_flat$sfx cpu_aed_mse_possub --lr_decay_iters=700000 --seed=$s
+    launch baseline_matched$sfx cpu_baseline --n_embed=105 --n_head=7 --seed=$s
+    launch baseline_dropout_flat$sfx cpu_baseline_dropout --lr_decay_iters=700000 --seed=$s
+    launch baseline_dropout01$sfx cpu_baseline --dropout_rate=0.1 --seed=$s
+    launch aed_mse_possub_dropout01$sfx cpu_aed_mse_possub --dropout_rate=0.1 --seed=$s
+    launch aed_mse_possub_noaffine_coeff1$sfx cpu_aed_mse_possub --embedding_ln_affine=False \
+        --embedding_loss_coeff=1 --seed=$s
+    launch aed_deep$sfx cpu_aed_mse_possub --n_layer=6 --n_embed=80 --n_head=4 --cross_attn_n_head=8 --seed=$s
+    launch baseline_deep$sfx cpu_baseline --n_layer=12 --n_embed=84 --n_head=6 --seed=$s
+done
 while [ -n "$(jobs -rp)" ]; do
     wait -n || true
     report
