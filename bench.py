@@ -5,7 +5,8 @@ Speed and memory of the whole pipeline, measured on this machine:
   3. data loading from the memmap, as a share of a training step (read from train.py's own log)
   4. prepare.py's tokenization against tiktoken's encode_ordinary_batch with all cores
   5. peak memory of a training step, with and without the full (B, T, vocab) logits
-  6. (step, only when asked for) the author's training step in variants side by side: the whole step as one
+  6. (params, only when asked for) parameters and FLOPs per token of every config/ file, built on the meta device
+  7. (step, only when asked for) the author's training step in variants side by side: the whole step as one
      compiled graph or with the cumulative mean outside it, wte padded to 64 rows or not, and the same sequences a
      step in different numbers of micro-batches (made for a GPU; see bench_step)
 Prints a table and writes the figures as JSON (out_json).
@@ -14,6 +15,7 @@ Prints a table and writes the figures as JSON (out_json).
     python bench.py --sections=memory   # some sections only (train, generate, data, prepare, memory, step)
     python bench.py --quick             # about a minute
     python bench.py --sections=step --micro_batches=16,4,1    # on a GPU: the author's step, three ways to split it
+    python bench.py --sections=params   # the configs' parameter counts and FLOPs per token (seconds, no timing)
 
 Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of each in
 turn, and the median is reported, so their ratio is measured under the same conditions. Run it on an idle
@@ -22,6 +24,8 @@ can be many times worse. Uncached generation is timed at every 8th length (see u
 memory probes fork from a server that imported torch once.
 """
 
+import dataclasses
+import glob
 import json
 import multiprocessing
 import os
@@ -34,7 +38,7 @@ import time
 
 import torch
 
-from configurator import ConfigError, collect_defaults, die, load_config, resolve_device
+from configurator import ConfigError, collect_defaults, die, load_config, resolve_device, train_defaults
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -283,6 +287,28 @@ def bench_step():
     results["step"] = rows
 
 
+def bench_params():
+    """Each config/ file's model, built on the meta device: its parameters as the author counts them (the tied wte
+    once, no wpe), without the embedding table (what scaling laws count), and training FLOPs per token."""
+    defaults, rows = train_defaults(), []
+    root = os.path.dirname(os.path.abspath(__file__))
+    print(f"  {'config':28s} {'blocks':>7s} {'width':>5s} {'params':>11s} {'non-embedding':>13s} {'FLOPs/token':>12s}")
+    for path in sorted(glob.glob(os.path.join(root, "config", "*.py"))):
+        if path.endswith("_common.py"):  # included by the others, not a run
+            continue
+        c = load_config(defaults, [path])
+        with torch.device("meta"):
+            m = build_model(ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)}))
+        blocks = f"{m.config.n_layer}+{m.config.n_decoder_layer}" if c["arch"] == "aed" else f"{m.config.n_layer}"
+        row = {"config": os.path.basename(path), "arch": c["arch"], "blocks": blocks, "n_embed": c["n_embed"],
+               "params": m.get_num_params(), "non_embedding_params": m.get_num_params() - c["vocab_size"] * c["n_embed"],
+               "flops_per_token": m.flops_per_token()}
+        rows.append(row)
+        print(f"  {row['config']:28s} {blocks:>7s} {c['n_embed']:5d} {row['params']:11,} "
+              f"{row['non_embedding_params']:13,} {row['flops_per_token']:12,}", flush=True)
+    results["params"] = rows
+
+
 def weight_read_ms(n_elements, batch):
     """ms for a (batch x 150) @ (150 x n/150) fp32 matmul: reading that many weights once, the least a one-token
     step of a model with n_elements parameters can cost at this batch, since it must read every weight."""
@@ -503,10 +529,10 @@ def bench_memory():
 if __name__ == "__main__":
     try:
         globals().update(load_config(defaults, sys.argv[1:]))
-        unknown = set(sections.split(",")) - {"train", "generate", "data", "prepare", "memory", "step"}
+        unknown = set(sections.split(",")) - {"train", "generate", "data", "prepare", "memory", "step", "params"}
         if unknown:
             raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}: "
-                              f"choose from train,generate,data,prepare,memory,step")
+                              f"choose from train,generate,data,prepare,memory,step,params")
         device, device_type, _ = resolve_device(device, "auto")  # bench times bf16 on CUDA, float32 on CPU
         if device_type not in ("cpu", "cuda"):
             raise ConfigError(f"bench.py runs on cpu or cuda, not {device!r}")
@@ -530,14 +556,15 @@ if __name__ == "__main__":
     results = {"machine": machine(), "quick": quick}
     print(f"machine: {results['machine']}", flush=True)
     t_start = time.time()
-    results["matmul_peak_flops"] = matmul_peak()
-    print(f"matmul peak: {results['matmul_peak_flops'] / 1e9:.0f} GFLOP/s "
-          f"({'fp32' if device_type == 'cpu' else 'bf16'})", flush=True)
+    if sections != "params":  # nothing is timed there
+        results["matmul_peak_flops"] = matmul_peak()
+        print(f"matmul peak: {results['matmul_peak_flops'] / 1e9:.0f} GFLOP/s "
+              f"({'fp32' if device_type == 'cpu' else 'bf16'})", flush=True)
     for section in sections.split(","):
         print(f"== {section}", flush=True)
         t0 = time.time()
         {"train": bench_train, "generate": bench_generate, "data": bench_data, "prepare": bench_prepare,
-         "memory": bench_memory, "step": bench_step}[section]()
+         "memory": bench_memory, "step": bench_step, "params": bench_params}[section]()
         results.setdefault("section_seconds", {})[section] = round(time.time() - t0, 1)
         print(f"  ({section}: {time.time() - t0:.0f} s)", flush=True)
     results["seconds"] = time.time() - t_start

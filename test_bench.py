@@ -108,3 +108,26 @@ def test_step_variants(monkeypatch):
         torch._dynamo.reset()
         breaks.append(torch._dynamo.explain(raw)(x, x).graph_break_count)
     assert breaks[0] >= 1 and breaks[1] == 0
+
+
+def test_params_section_counts_every_config(tmp_path):
+    """--sections=params: each config/ run's parameters, non-embedding parameters and FLOPs per token, as the
+    model counts them (the author's counts for the key pair), without timing anything."""
+    out = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, "bench.py", "--sections=params", f"--out_json={out}"], cwd=HERE,
+                       capture_output=True, text=True, env=ENV, timeout=600)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    rows = {row["config"]: row for row in r["params"]}
+    configs = {f for f in os.listdir(os.path.join(HERE, "config")) if not f.endswith("_common.py")}
+    assert set(rows) == configs and "matmul_peak_flops" not in r
+    assert rows["aed_mse_possub.py"]["params"] == 15_763_500 and rows["baseline.py"]["params"] == 16_036_800
+    aed = build_model(ModelConfig(arch="aed", n_layer=2, n_embed=96, n_head=4, cross_attn_n_head=8, context_size=128,
+                                  embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_NO_LN",
+                                  detach_type="ENCODER_OUT", embedding_ln_type="INIT", use_ln_on_encoder_out=True))
+    row = rows["cpu_aed_mse_possub.py"]
+    assert (row["params"], row["flops_per_token"]) == (aed.get_num_params(), aed.flops_per_token())
+    assert row["non_embedding_params"] == aed.get_num_params() - 50257 * 96
+    # the GPT widened to the AED preset's body: within 1% of it
+    matched = rows["cpu_baseline_matched.py"]["non_embedding_params"]
+    assert abs(matched / row["non_embedding_params"] - 1) < 0.01

@@ -228,20 +228,20 @@ launch aed_mse_possub_noaffine_seed3 cpu_aed_mse_possub --embedding_ln_affine=Fa
 launch aed_mse_possub_dropout_seed3 cpu_aed_mse_possub --dropout_rate=0.2 --seed=3
 # the confounds and the first objections (experiments/README.md, Confounds): seed 1337 of each first, then 2, 3.
 # flat: the author's schedule (warm-up, then the peak lr: lr_decay_iters 700000 as in config/, the run stops at
-# STEPS); matched: a GPT as wide as gives the key AED's non-embedding parameters (105 wide, +0.6%, same depth);
-# deep: the author's shape, 6 + 6 blocks of width 80 against 12 of width 84 (about the same parameters)
+# STEPS); matched: config/cpu_baseline_matched.py, a GPT with the key AED's non-embedding parameters; deep:
+# the author's shape, config/cpu_aed_deep.py (6 + 6 blocks) against config/cpu_baseline_deep.py (12)
 for s in 1337 2 3; do
     sfx=$([ $s = 1337 ] && echo "" || echo "_seed$s")
     launch baseline_flat$sfx cpu_baseline --lr_decay_iters=700000 --seed=$s
     launch aed_mse_possub_flat$sfx cpu_aed_mse_possub --lr_decay_iters=700000 --seed=$s
-    launch baseline_matched$sfx cpu_baseline --n_embed=105 --n_head=7 --seed=$s
+    launch baseline_matched$sfx cpu_baseline_matched --seed=$s
     launch baseline_dropout_flat$sfx cpu_baseline_dropout --lr_decay_iters=700000 --seed=$s
     launch baseline_dropout01$sfx cpu_baseline --dropout_rate=0.1 --seed=$s
     launch aed_mse_possub_dropout01$sfx cpu_aed_mse_possub --dropout_rate=0.1 --seed=$s
     launch aed_mse_possub_noaffine_coeff1$sfx cpu_aed_mse_possub --embedding_ln_affine=False \
         --embedding_loss_coeff=1 --seed=$s
-    launch aed_deep$sfx cpu_aed_mse_possub --n_layer=6 --n_embed=80 --n_head=4 --cross_attn_n_head=8 --seed=$s
-    launch baseline_deep$sfx cpu_baseline --n_layer=12 --n_embed=84 --n_head=6 --seed=$s
+    launch aed_deep$sfx cpu_aed_deep --seed=$s
+    launch baseline_deep$sfx cpu_baseline_deep --seed=$s
 done
 while [ -n "$(jobs -rp)" ]; do
     wait -n || true
