@@ -58,11 +58,13 @@ def _stop_on_signal(r):
         os._exit(128 + signum)
 
 
-def provenance(threads):
+def provenance():
     """Where a run runs: the code (git commit, and whether the tree had changes), the software, the hardware. Enough
-    to tell two runs of the same config apart when their numbers differ (docs/training.md, What reproduces)."""
+    to tell two runs of the same config apart when their numbers differ (docs/training.md, What reproduces): the
+    threads and the instruction set torch's CPU kernels use (AVX2, AVX512) each change float sums."""
     import platform
     import subprocess
+    import torch
     def git(*args):
         try:
             return subprocess.run(['git', *args], capture_output=True, text=True, timeout=10,
@@ -77,8 +79,8 @@ def provenance(threads):
     except OSError:
         pass
     return {'commit': commit, 'tree_changed': bool(git('status', '--porcelain', '--untracked-files=no'))
-            if commit else None, 'python': platform.python_version(), 'threads': threads, 'cpu': cpu,
-            'cpu_count': os.cpu_count()}
+            if commit else None, 'python': platform.python_version(), 'threads': torch.get_num_threads(),
+            'cpu': cpu, 'cpu_isa': torch.backends.cpu.get_cpu_capability(), 'cpu_count': os.cpu_count()}
 
 
 def duration(s):

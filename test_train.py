@@ -1028,6 +1028,7 @@ def test_run_records_where_it_ran_and_its_whole_val_loss(tmp_path):
     head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert s['commit'] == (head or None) and isinstance(s['tree_changed'], bool) == bool(head)
     assert s['threads'] == torch.get_num_threads() and s['cpu'] and s['python'] and s['torch'] == torch.__version__
+    assert s['cpu_isa'] == torch.backends.cpu.get_cpu_capability()
     val = np.fromfile(os.path.join(tmp_path, 'tiny', 'val.bin'), dtype=np.uint16).astype(np.int64)
     n = (len(val) - 1) // 16  # context_size 16
     x = torch.from_numpy(val[:n * 16].reshape(n, 16))

@@ -313,7 +313,7 @@ def get_lr(step):
 # logging
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size, device=device,
           dtype=dtype, params=raw_model.get_num_params(), compiled=eval_model is not raw_model, gpu=gpu,
-          torch=torch.__version__, **provenance(torch.get_num_threads()), config=config)
+          torch=torch.__version__, **provenance(), config=config)
 if master and wandb_log:
     try:
         import wandb
