@@ -12,8 +12,10 @@ Each run directory is what train.py writes: log.jsonl (one JSON record per line:
 cross-entropy, as the author reported them); best val is the lowest val estimate and its step; the
 embedding loss is the unweighted training-batch embedding loss of the last step. Runs that differ only in
 the seed are a group: the report gives each group's mean, sample standard deviation and min-max of the
-final and of the best val loss. Uses only the standard library.
+final and of the best val loss. A key missing from a run's saved config (the run predates it)
+means its default, read from train.py and model.py. Uses only the standard library.
 """
+import ast
 import json
 import math
 import os
@@ -23,8 +25,11 @@ from xml.sax.saxutils import escape
 
 from configurator import ConfigError, die, load_config
 
-# what the run's config may differ in and still count as "the same run, another seed"
-# (and keys that say where and how a run was written or watched, not what was trained)
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# what the configs of one group's runs may differ in: the seed (it picks the members), and keys
+# that say where a run was written, how it was watched or how long a rank waits, none of which
+# changes a number (init_from neither: a resume is exact). Every other key counts, compile (the
+# float order) and data_dir (the data) too; device and dtype as they resolved (config_key)
 SEED_ONLY_KEYS = ('seed', 'out_dir', 'init_from', 'overwrite', 'wandb_log', 'wandb_project', 'wandb_run_name',
                   'log_interval', 'save_interval', 'ddp_timeout')
 
@@ -43,8 +48,7 @@ OPTIONS = dict(
     ymax=None,    # (the same, at the top)
     title='',     # chart title ('' = a description of the curves)
     x='step',     # the chart's x axis: step, or epochs (passes over the training tokens)
-    compare='',   # A,B: A - B of final and best val loss, paired by seed (A, B: a run or a seed group's first run);
-                  # several pairs: 'A,B;C,D'
+    compare='',   # A,B: A - B paired by seed (A, B: a run, for its seed group); several: 'A,B;C,D'
     diag=False,   # also a table of the embedding loss's diagnostics (train.py logs them at every estimate)
     speed=False,  # also a table of each run's speed: median ms/step, tokens/s and MFU of its logged steps, peak memory
 )
@@ -73,6 +77,42 @@ def parse_args(argv):
 
 # -----------------------------------------------------------------------------
 # reading runs
+
+def train_defaults():
+    """train.py's keys and defaults, as conftest.train_defaults() gives them, read from the source
+    (report.py needs no torch): train.py's literals up to DEFAULTS, then ModelConfig's fields."""
+    defaults = {}
+    for path, cls in (('train.py', None), ('model.py', 'ModelConfig')):
+        with open(os.path.join(ROOT, path)) as f:
+            body = ast.parse(f.read()).body
+        if cls:
+            body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+        for node in body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, 'target', 0)
+            if not isinstance(target, ast.Name) or node.value is None or target.id.startswith('_'):
+                continue
+            if target.id == 'DEFAULTS':
+                break  # the end of train.py's defaults block
+            try:
+                defaults[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass  # not a literal: not a key
+    return defaults
+
+
+DEFAULTS = train_defaults()
+
+
+def config_key(config, facts):
+    # what the runs of one group agree on: the config, defaults filled in, without SEED_ONLY_KEYS;
+    # None without a saved config (such a run is a group of its own)
+    if not config:
+        return None
+    key = {k: v for k, v in {**DEFAULTS, **config}.items() if k not in SEED_ONLY_KEYS}
+    for k in ('device', 'dtype'):  # 'auto' as it resolved; a GPU's index (cuda:0) changes nothing
+        key[k] = str(facts.get(k) or key[k]).split(':')[0]
+    return key
+
 
 def read_log(path):
     # a resumed run appends to the log: a 'resume' record at step s means everything logged after
@@ -121,8 +161,8 @@ def load_run(run_dir):
     last = steps[-1] if steps else {}
     config = dict(summary.get('config') or starts[-1].get('config') or {})
     return {
-        'name': os.path.basename(os.path.normpath(run_dir)),
-        'config': config,
+        'name': os.path.basename(os.path.normpath(run_dir)), 'dir': run_dir,
+        'config': config, 'key': config_key(config, summary or starts[-1]),
         'seed': config.get('seed'),
         'curve': [(r['step'], r['train'], r['val']) for r in ests],  # (step, train, val)
         'epochs_at': [r['epochs'] for r in ests],
@@ -186,27 +226,22 @@ def speed_table(runs):
     return lines
 
 
-def same_config(a, b):
-    # the same run but for the seed; a key only one of the two configs has is ignored: the other run was
-    # written before the key existed, when its default was the only behaviour
-    if not a['config'] or not b['config']:
-        return a['name'] == b['name']
-    common = (a['config'].keys() & b['config'].keys()) - set(SEED_ONLY_KEYS)
-    return all(a['config'][k] == b['config'][k] for k in common)
-
-
 def groups_of(runs):
-    # {first run's name: [runs that differ from it only in the seed]}, in the order given; one run per seed
-    # (a second run of a config at a seed it already has, e.g. with a later train.py, starts a group of its own)
-    groups = {}
-    for r in runs:
-        for group in groups.values():
-            if same_config(group[0], r) and r['seed'] not in {g['seed'] for g in group}:
+    # {name: [runs]}: runs with equal config_keys, in any order given. In name order, a run joins
+    # the first group of its config that lacks its seed: a second run at a seed (a re-run) starts a
+    # group of its own; a group is named after its first run by name. Groups are listed in the order
+    # their runs are given, a group's runs by name.
+    groups = []
+    for r in sorted(runs, key=lambda r: (r['name'], r['dir'])):
+        for group in groups:
+            if (r['key'] is not None and group[0]['key'] == r['key']
+                    and r['seed'] not in {g['seed'] for g in group}):
                 group.append(r)
                 break
         else:
-            groups[r['name']] = [r]
-    return groups
+            groups.append([r])
+    order = {id(r): i for i, r in enumerate(runs)}
+    return {g[0]['name']: g for g in sorted(groups, key=lambda g: min(order[id(r)] for r in g))}
 
 
 def stats(values):
@@ -237,12 +272,14 @@ def seed_groups(runs):
 
 
 def compare(runs, a, b):
-    # A - B, paired by seed: with one seed, two configs see the same training and estimate batches
+    # A - B, paired by seed: with one seed, two configs see the same training and estimate batches.
+    # A and B: a run, standing for its group
     groups = groups_of(runs)
+    group_of = {r['name']: group for group in groups.values() for r in group}
     for name in (a, b):
-        if name not in groups:
+        if name not in group_of:
             die(f"--compare: no run or group named '{name}' (groups: {', '.join(groups)})")
-    by_seed = [{r['seed']: r for r in groups[name]} for name in (a, b)]
+    by_seed = [{r['seed']: r for r in group_of[name]} for name in (a, b)]
     seeds = [s for s in by_seed[0] if s in by_seed[1]]
     if not seeds:
         die(f"--compare: {a} and {b} have no seed in common")

@@ -331,3 +331,56 @@ def test_speed_table(tmp_path):
     assert rows['g'] == ['g', 'NVIDIA H100 80GB HBM3', 'bfloat16', 'yes', '4', '675', '237,363', '1.8%', '5,631 MiB']
     assert rows['c'] == ['c', 'cpu', 'float32', 'no', '2', '1,002', '1,024', 'N/A', 'N/A']
     assert 'Speed' not in run_report(d1, d2).stdout  # only when asked
+
+
+def write_seeds(root, name, cfgs, finals):
+    # a run per config and final val: name, name_seed2, ... for seeds 1, 2, ...; best val 0.1 lower
+    dirs = []
+    for seed, (cfg, final) in enumerate(zip(cfgs, finals), 1):
+        cfg = dict(cfg, seed=seed)
+        recs = fake_records(cfg, [(0, 10.8, 10.8), (10, 3.0, final - 0.1), (20, 2.5, final)], None)
+        summary = {'status': 'finished', 'config': cfg, 'device': 'cpu', 'dtype': 'float32'}
+        dirs.append(write_run(root, name if seed == 1 else f'{name}_seed{seed}', recs, summary))
+    return dirs
+
+
+def test_seed_groups_never_pool_two_configs_in_any_order(tmp_path):
+    """A key missing from an older run's config means its default: the key config's first seed,
+    written before embedding_ln_affine existed, is not the config of runs with
+    embedding_ln_affine=False. Keys that change no number (out_dir, init_from, device 'auto' as it
+    resolved) do not split a group."""
+    new = {'arch': 'aed', 'embedding_ln_affine': None}
+    old = {'arch': 'aed'}
+    cpu = dict(new, device='cpu', dtype='float32', init_from='resume')
+    key = write_seeds(tmp_path, 'aed', [old, dict(new, device='auto', out_dir='/x/a2'), cpu],
+                      [3.40, 3.50, 3.42])
+    noaffine = write_seeds(tmp_path, 'aed_noaffine', [dict(new, embedding_ln_affine=False)] * 3,
+                           [3.60, 3.70, 3.65])
+    gpt = write_seeds(tmp_path, 'gpt', [{'arch': 'gpt'}] * 3, [3.45, 3.44, 3.50])
+    glob_order = sorted(key + noaffine + gpt)  # aed, aed_noaffine, aed_noaffine_seed2, ...
+    shuffled = noaffine[1:] + gpt[::-1] + key[::-1] + noaffine[:1]
+    outputs = []
+    for dirs in (glob_order, shuffled):
+        p = run_report(*dirs, '--compare=aed,gpt')
+        assert p.returncode == 0, p.stderr
+        groups = sorted(line for line in p.stdout.splitlines() if ' seeds (' in line)
+        diffs = [line for line in p.stdout.splitlines() if ', paired by seed (' in line]
+        outputs.append((groups, diffs))
+        assert len(groups) == 3
+        assert '- aed: 3 seeds (1, 2, 3): final val 3.440 ± 0.053 (min 3.400,' in p.stdout
+        assert '- aed_noaffine: 3 seeds (1, 2, 3): final val 3.650 ± 0.050 (min' in p.stdout
+        assert '- aed - gpt, paired by seed (1, 2, 3): final val -0.023 ± 0.074 (' in p.stdout
+    assert outputs[0] == outputs[1]
+    # a run's name stands for its group
+    p = run_report(*shuffled, '--compare=aed_noaffine_seed2,aed')
+    assert '- aed_noaffine_seed2 - aed, paired by seed (1, 2, 3): final val +0.210 ±' in p.stdout
+    # another value of a key that changes the numbers is another group
+    other = write_seeds(tmp_path, 'aed_compiled', [dict(new, compile=False)], [3.0])
+    p = run_report(*key, *other)
+    assert '- aed: 3 seeds (1, 2, 3)' in p.stdout and 'aed_compiled:' not in p.stdout
+
+
+def test_defaults_read_without_torch_are_train_pys():
+    import report
+    from conftest import train_defaults
+    assert report.train_defaults() == train_defaults()
