@@ -251,6 +251,27 @@ def stats(values):
     return mean, std, min(values), max(values)
 
 
+# Student's t: its 0.975 quantiles for 1-30 degrees of freedom (as any statistics table has them);
+# past 30 the first terms of its expansion around the normal's 1.96, within 1e-4 of the exact value
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df):
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def ci95(values):
+    # the 95% confidence interval of the mean of n >= 2 values: mean ± t(0.975, n-1) * sd / sqrt(n)
+    mean, std, _, _ = stats(values)
+    half = t975(len(values) - 1) * std / math.sqrt(len(values))
+    return f"[{mean - half:+.3f}, {mean + half:+.3f}]"
+
+
 def fmt_stats(values, signed=False):
     mean, std, lo, hi = stats(values)
     f = '+.3f' if signed else '.3f'
@@ -286,10 +307,14 @@ def compare(runs, a, b):
     pairs = [(by_seed[0][s], by_seed[1][s]) for s in seeds]
     final = [x['val'] - y['val'] for x, y in pairs]
     best = [x['best_val'] - y['best_val'] for x, y in pairs]
-    return [f"- {a} - {b}, paired by seed ({', '.join(str(s) for s in seeds)}): "
-            f"final val {fmt_stats(final, signed=True)}; best val {fmt_stats(best, signed=True)}; "
-            f"{a} lower in {sum(d < 0 for d in final)} of {len(final)} (final), "
-            f"{sum(d < 0 for d in best)} of {len(best)} (best)"]
+    lines = [f"- {a} - {b}, paired by seed ({', '.join(str(s) for s in seeds)}): "
+             f"final val {fmt_stats(final, signed=True)}; best val {fmt_stats(best, signed=True)}; "
+             f"{a} lower in {sum(d < 0 for d in final)} of {len(final)} (final), "
+             f"{sum(d < 0 for d in best)} of {len(best)} (best)"]
+    if len(pairs) > 1:
+        lines.append(f"  - 95% CI of the mean (t, n={len(pairs)}): final val {ci95(final)}, "
+                     f"best val {ci95(best)}")
+    return lines
 
 
 DIAG_COLUMNS = [('loss', 'loss', '.2e'), ('loss_no_affine', 'loss without LN affine', '.3f'),

@@ -3,6 +3,7 @@ Tests of report.py: fake run directories with hand-written logs (exact numbers),
 real tiny train.py run fed through report.py end to end.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -384,3 +385,34 @@ def test_defaults_read_without_torch_are_train_pys():
     import report
     from conftest import train_defaults
     assert report.train_defaults() == train_defaults()
+
+
+def test_paired_differences_get_a_95_percent_interval(tmp_path):
+    aed = write_seeds(tmp_path, 'aed', [{'arch': 'aed'}] * 3, [3.40, 3.50, 3.42])
+    gpt = write_seeds(tmp_path, 'gpt', [{'arch': 'gpt'}] * 3, [3.45, 3.44, 3.50])
+    p = run_report(*aed, *gpt, '--compare=aed,gpt')
+    assert p.returncode == 0, p.stderr
+    # final (and best) differences -0.05, +0.06, -0.08: mean -0.0233, sd 0.0737, t(0.975, 2) is
+    # 4.303, half width 4.303 * 0.0737 / sqrt(3) = 0.1831: [-0.2065, +0.1598]
+    assert ('- aed - gpt, paired by seed (1, 2, 3): final val -0.023 ± 0.074 (min -0.080, '
+            'max +0.060); best val -0.023 ± 0.074 (min -0.080, max +0.060); aed lower in 2 of 3 '
+            '(final), 2 of 3 (best)\n  - 95% CI of the mean (t, n=3): final val [-0.206, +0.160], '
+            'best val [-0.206, +0.160]\n') in p.stdout
+    # two seeds: t(0.975, 1) = 12.706; differences -0.05, +0.06: half width 12.706 * 0.0778 / 1.414
+    p = run_report(*aed[:2], *gpt[:2], '--compare=aed,gpt')
+    assert '  - 95% CI of the mean (t, n=2): final val [-0.694, +0.704]' in p.stdout
+    p = run_report(aed[0], gpt[0], '--compare=aed,gpt')  # one seed: no interval
+    assert 'paired by seed (1)' in p.stdout and '95% CI' not in p.stdout
+
+
+def test_t_quantiles():
+    """report.t975 against Student's t distribution: its density integrated (Simpson) up to t975(df)
+    is 0.975."""
+    import report
+
+    def cdf(x, df, n=4000):
+        c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+        f = [c * (1 + (x * i / n) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
+        return 0.5 + x / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+    for df in list(range(1, 41)) + [60, 120, 1000]:
+        assert abs(cdf(report.t975(df), df) - 0.975) < 3e-5, df
