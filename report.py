@@ -8,12 +8,14 @@ $ python report.py out-cpu-* --svg=experiments/results.svg --md=experiments/resu
 Options are --key=value after the run directories (python report.py --help lists them).
 
 Each run directory is what train.py writes: log.jsonl (one JSON record per line: 'start' or 'resume',
-'step', 'est', 'stop') and summary.json. Train and val loss are the run's last estimate (eval-mode
-cross-entropy, as the author reported them); best val is the lowest val estimate and its step; the
-embedding loss is the unweighted training-batch embedding loss of the last step. Runs that differ only in
-the seed are a group: the report gives each group's mean, sample standard deviation and min-max of the
-final and of the best val loss. A key missing from a run's saved config (the run predates it)
-means its default, read from train.py and model.py. Uses only the standard library.
+'step', 'est', 'whole_val', 'stop') and summary.json. Train and val loss are the run's last estimate
+(eval-mode cross-entropy, as the author reported them); best val is the lowest val estimate and its
+step (an oracle early stop); whole val, the last and the best model's loss on all of val.bin. The
+embedding loss is the unweighted training-batch embedding loss of the last step. Runs that differ
+only in the seed are a group: the report gives each group's mean, sample standard deviation and
+min-max of the final and of the best val loss; --compare, A - B paired by seed, with a 95% interval.
+A key missing from a run's saved config (the run predates it) means its default, read from train.py
+and model.py. Uses only the standard library.
 """
 import ast
 import json
@@ -160,6 +162,13 @@ def load_run(run_dir):
         die(f"{log_path}: no loss estimate logged yet (the run has not reached its first estimate)")
     last = steps[-1] if steps else {}
     config = dict(summary.get('config') or starts[-1].get('config') or {})
+    # all of val.bin at the end; the log's record only if no estimate came after it (a resume that
+    # trains further drops it from summary.json)
+    whole = summary if 'whole_val_last' in summary else next((
+        r for r in records[::-1] if r['type'] == 'whole_val' and r['step'] >= ests[-1]['step']), {})
+
+    def where(fmt):  # what a fact was in the run's processes (a resumed run may go on elsewhere)
+        return ' / '.join(dict.fromkeys(fmt(s) for s in starts if 'threads' in s)) or None
     return {
         'name': os.path.basename(os.path.normpath(run_dir)), 'dir': run_dir,
         'config': config, 'key': config_key(config, summary or starts[-1]),
@@ -180,6 +189,11 @@ def load_run(run_dir):
         'timed': [r for r in steps if r['step'] >= 2 and 'ms' in r],  # the first step pays for compiling and warm-up
         'hardware': summary.get('gpu') or summary.get('device') or '?', 'dtype': summary.get('dtype', '?'),
         'compiled': summary.get('compiled'), 'peak_mib': summary.get('peak_gpu_memory_mib'),
+        'whole_last': whole.get('whole_val_last'), 'whole_best': whole.get('whole_val_best'),
+        'whole_tokens': whole.get('whole_val_tokens'),
+        'commit': where(lambda s: (s.get('commit') or '?')[:7] + '+' * bool(s.get('tree_changed'))),
+        'threads': where(lambda s: str(s['threads'])),
+        'cpu': where(lambda s: f"{s.get('cpu') or '?'} ({s.get('cpu_count') or '?'} CPUs)"),
     }
 
 
@@ -195,24 +209,38 @@ def fmt_wall(s):
 
 
 def table(runs):
+    whole = any(r['whole_last'] is not None for r in runs)  # the columns once a run has them
     lines = ["| run | train loss | val loss | best val (step) | embedding loss | params | seed | steps | epochs | tokens "
-             "| wall time |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| wall time |" + (" whole val (last) | whole val (best) |" if whole else ""),
+             "|---" * (11 + 2 * whole) + "|"]
     for r in runs:
         name = r['name'] if r['status'] == 'finished' else f"{r['name']} ({r['status']})"
         emb = f"{r['emb']:.3e}" if r['emb'] is not None else "N/A"
         params = f"{r['params']:,}" if r['params'] is not None else "?"
         seed = str(r['seed']) if r['seed'] is not None else "?"
         epochs = f"{r['epochs']:.2f}" if r['epochs'] is not None else "?"
+        more = f" {fmt_loss(r['whole_last'])} | {fmt_loss(r['whole_best'])} |" if whole else ""
         lines.append(f"| {name} | {r['train']:.3f} | {r['val']:.3f} | {r['best_val']:.3f} ({r['best_step']:,}) | "
                      f"{emb} | {params} | {seed} | {r['step']:,} | {epochs} | {fmt_tokens(r['tokens'])} | "
-                     f"{fmt_wall(r['wall'])} |")
+                     f"{fmt_wall(r['wall'])} |" + more)
+    lines += ["", "Best val is the lowest val estimate: an oracle early stop, picked on the "
+                  "batches it is measured on."]
+    if whole:
+        n = ', '.join(f"{t:,}" for t in sorted({r['whole_tokens'] or 0 for r in runs} - {0}))
+        lines[-1] += (" Whole val: the last model's and the best estimate's loss on all of val.bin "
+                      f"({n} tokens, the same for every seed); '-': the run predates it.")
     return lines
 
 
+def fmt_loss(v):
+    return f"{v:.3f}" if v is not None else "-"
+
+
 def speed_table(runs):
-    lines = ["| run | hardware | dtype | compiled | steps timed | ms/step | tokens/s | MFU | peak GPU memory |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    where = any(r['threads'] for r in runs)  # where it ran, once a run records it
+    head = ("run | hardware | dtype | compiled | steps timed | ms/step | tokens/s | MFU | "
+            "peak GPU memory" + (" | commit | threads | CPU" if where else ""))
+    lines = [f"| {head} |", "|---" * (head.count('|') + 1) + "|"]
     for r in runs:
         t = r['timed']
 
@@ -221,8 +249,9 @@ def speed_table(runs):
         ms_tok = f"{median('ms'):,.0f} | {median('tok_s'):,.0f}" if t else "N/A | N/A"
         mfu = f"{100 * median('mfu'):.1f}%" if t and all(x.get('mfu') is not None for x in t) else "N/A"
         peak = f"{r['peak_mib']:,} MiB" if r['peak_mib'] is not None else "N/A"
+        more = "".join(f" {r[k] or '-'} |" for k in ('commit', 'threads', 'cpu') if where)
         lines.append(f"| {r['name']} | {r['hardware']} | {r['dtype']} | {'yes' if r['compiled'] else 'no'} | {len(t)} | "
-                     f"{ms_tok} | {mfu} | {peak} |")
+                     f"{ms_tok} | {mfu} | {peak} |" + more)
     return lines
 
 
@@ -289,6 +318,9 @@ def seed_groups(runs):
         lines.append(f"- {name}: {len(group)} seeds ({', '.join(str(r['seed']) for r in group)}): "
                      f"final val {fmt_stats([r['val'] for r in group])}; "
                      f"best val {fmt_stats([r['best_val'] for r in group])}")
+        if all(r['whole_last'] is not None for r in group):
+            lines[-1] += (f"; whole val, last {fmt_stats([r['whole_last'] for r in group])}, "
+                          f"best {fmt_stats([r['whole_best'] for r in group])}")
     return lines
 
 
@@ -314,6 +346,19 @@ def compare(runs, a, b):
     if len(pairs) > 1:
         lines.append(f"  - 95% CI of the mean (t, n={len(pairs)}): final val {ci95(final)}, "
                      f"best val {ci95(best)}")
+    # all of val.bin, where both runs of a pair were scored on the same tokens
+    whole = [(x, y) for x, y in pairs if x['whole_last'] is not None and y['whole_last'] is not None
+             and x['whole_tokens'] == y['whole_tokens']]
+    if whole:
+        last, best = ([x[k] - y[k] for x, y in whole] for k in ('whole_last', 'whole_best'))
+        n = len(whole)
+
+        def cell(d):
+            return fmt_stats(d, signed=True) + (f", 95% CI {ci95(d)}" if n > 1 else "")
+        seeds = ', '.join(str(x['seed']) for x, _ in whole)
+        lines.append(f"  - whole val, paired by seed ({seeds}): last {cell(last)}; "
+                     f"best {cell(best)}; {a} lower in {sum(d < 0 for d in last)} of {n} (last), "
+                     f"{sum(d < 0 for d in best)} of {n} (best)")
     return lines
 
 

@@ -178,6 +178,11 @@ def test_real_training_run_end_to_end(tmp_path):
     assert row[1:8] == [f"{last_est['train']:.3f}", f"{last_est['val']:.3f}", f"{best['val']:.3f} ({best['step']})",
                         f"{last_step['emb']:.3e}", f"{summary['params']:,}", '1337', '6']
     assert row[8:10] == [f"{6 * 4 * 16 / 3000:.2f}", f"{6 * 4 * 16:,}"]  # epochs, tokens
+    assert row[11:] == [f"{summary['whole_val_last']:.3f}", f"{summary['whole_val_best']:.3f}"]
+    speed = run_report(out, '--speed').stdout.split('Speed')[1]
+    commit = summary['commit'][:7] + '+' * summary['tree_changed']
+    cpu = f"{summary['cpu']} ({summary['cpu_count']} CPUs)"
+    assert f"| {commit} | {summary['threads']} | {cpu} |" in speed
     paths = ET.parse(svg).getroot().findall(f'.//{SVG}path')
     assert len(paths) == 1 and paths[0].get('d').count('L') == 2  # estimates at steps 0, 3, 6
 
@@ -340,6 +345,7 @@ def write_seeds(root, name, cfgs, finals):
     for seed, (cfg, final) in enumerate(zip(cfgs, finals), 1):
         cfg = dict(cfg, seed=seed)
         recs = fake_records(cfg, [(0, 10.8, 10.8), (10, 3.0, final - 0.1), (20, 2.5, final)], None)
+        recs[0].update(device='cpu', dtype='float32')  # as train.py's start record has them
         summary = {'status': 'finished', 'config': cfg, 'device': 'cpu', 'dtype': 'float32'}
         dirs.append(write_run(root, name if seed == 1 else f'{name}_seed{seed}', recs, summary))
     return dirs
@@ -416,3 +422,66 @@ def test_t_quantiles():
         return 0.5 + x / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
     for df in list(range(1, 41)) + [60, 120, 1000]:
         assert abs(cdf(report.t975(df), df) - 0.975) < 3e-5, df
+
+
+def test_whole_val_and_where_a_run_ran(tmp_path):
+    """Runs of a later train.py: the last and the best model's loss on all of val.bin (summary.json,
+    or the log's 'whole_val' record) in the table, the seed lines and the paired differences, '-'
+    where a run predates it; where each of a run's processes ran (commit, threads, CPU) in the
+    speed table."""
+    aed = write_seeds(tmp_path, 'aed', [{'arch': 'aed'}] * 3, [3.40, 3.50, 3.42])
+    gpt = write_seeds(tmp_path, 'gpt', [{'arch': 'gpt'}] * 3, [3.45, 3.44, 3.50])
+    figures = [(3.30, 3.20), (3.40, 3.30), (3.35, 3.25), (3.35, 3.25), (3.38, 3.31)]  # (last, best)
+    for d, (last, best) in zip(aed + gpt[:2], figures):
+        whole = {'whole_val_last': last, 'whole_val_best': best, 'whole_val_tokens': 12800}
+        if d == aed[2]:  # no summary.json: the log's record
+            os.remove(os.path.join(d, 'summary.json'))
+            with open(os.path.join(d, 'log.jsonl'), 'a') as f:
+                f.write(json.dumps(dict(type='whole_val', step=20, best_step=10, **whole)) + '\n')
+        else:
+            summary = json.load(open(os.path.join(d, 'summary.json')))
+            json.dump(dict(summary, **whole), open(os.path.join(d, 'summary.json'), 'w'))
+    p = run_report(*aed, *gpt, '--compare=aed,gpt')
+    assert p.returncode == 0, p.stderr
+    rows = table_rows(p.stdout)
+    assert rows['aed'][11:] == ['3.300', '3.200']
+    assert rows['aed_seed3 (no summary.json)'][11:] == ['3.350', '3.250']
+    assert rows['gpt_seed3'][11:] == ['-', '-']  # it predates the whole-val figures
+    assert "Best val is the lowest val estimate: an oracle early stop" in p.stdout
+    assert "all of val.bin (12,800 tokens, the same for every seed)" in p.stdout
+    assert ('- aed: 3 seeds (1, 2, 3): final val 3.440 ± 0.053 (min 3.400, max 3.500); best val '
+            '3.340 ± 0.053 (min 3.300, max 3.400); whole val, last 3.350 ± 0.050 (min 3.300, '
+            'max 3.400), best 3.250 ± 0.050 (min 3.200, max 3.300)\n') in p.stdout
+    # one seed lacks it: no whole-val figure
+    assert '(min 3.340, max 3.400)\n' in p.stdout.split('- gpt: 3 seeds')[1]
+    # the seeds both sides have: last -0.05, +0.02 (sd 0.0495, half width 12.706 * 0.0495 /
+    # sqrt(2) = 0.4447); best -0.05, -0.01 (sd 0.0283, half width 0.2541)
+    assert ('  - whole val, paired by seed (1, 2): last -0.015 ± 0.049 (min -0.050, max +0.020), '
+            '95% CI [-0.460, +0.430]; best -0.030 ± 0.028 (min -0.050, max -0.010), 95% CI '
+            '[-0.284, +0.224]; aed lower in 1 of 2 (last), 2 of 2 (best)\n') in p.stdout
+    p = run_report(aed[0], gpt[0], '--compare=aed,gpt')  # one seed: no interval
+    assert '  - whole val, paired by seed (1): last -0.050 (one seed: no spread yet); ' in p.stdout
+    # a whole-val record followed by an estimate (a resume that trained further) is stale
+    with open(os.path.join(aed[2], 'log.jsonl'), 'a') as f:
+        f.write(json.dumps({'type': 'est', 'step': 30, 'train': 2.4, 'val': 3.5, 'tokens': 3000,
+                            'epochs': 0.3, 'time': 15.0}) + '\n')
+    rows = table_rows(run_report(aed[2], aed[0]).stdout)
+    assert rows['aed_seed3 (no summary.json)'][11:] == ['-', '-']
+    assert 'whole val' not in run_report(*gpt[2:]).stdout.lower()  # no column when no run has it
+
+    # where it ran: a run started at a commit with changes in its tree, one thread, then resumed
+    # elsewhere with two; a run from before train.py recorded it gets '-'
+    log = os.path.join(gpt[0], 'log.jsonl')
+    recs = [json.loads(line) for line in open(log)]
+    facts = {'commit': 'abcdef0123456789', 'tree_changed': True, 'python': '3.11.7', 'threads': 1,
+             'cpu': 'AMD EPYC 7B13', 'cpu_count': 2}
+    recs[0].update(facts)
+    recs.append(dict(recs[0], type='resume', step=20, threads=2, tree_changed=False))
+    with open(log, 'w') as f:
+        f.write(''.join(json.dumps(r) + '\n' for r in recs))
+    p = run_report(gpt[0], gpt[1], '--speed')
+    rows = {line.split('|')[1].strip(): [c.strip() for c in line.strip().strip('|').split('|')]
+            for line in p.stdout.split('Speed')[1].splitlines() if line.startswith('| ')}
+    assert rows['run'][-3:] == ['commit', 'threads', 'CPU']
+    assert rows['gpt'][-3:] == ['abcdef0+ / abcdef0', '1 / 2', 'AMD EPYC 7B13 (2 CPUs)']
+    assert rows['gpt_seed2'][-3:] == ['-', '-', '-']
