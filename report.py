@@ -228,7 +228,9 @@ def table(runs):
     if whole:
         n = ', '.join(f"{t:,}" for t in sorted({r['whole_tokens'] or 0 for r in runs} - {0}))
         lines[-1] += (" Whole val: the last model's and the best estimate's loss on all of val.bin "
-                      f"({n} tokens, the same for every seed); '-': the run predates it.")
+                      f"({n} tokens, the same for every seed)")
+        old = any(r['whole_last'] is None for r in runs)
+        lines[-1] += "; '-': the run predates it." if old else "."
     return lines
 
 
