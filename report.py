@@ -8,12 +8,16 @@ $ python report.py out-cpu-* --svg=experiments/results.svg --md=experiments/resu
 Options are --key=value after the run directories (python report.py --help lists them).
 
 Each run directory is what train.py writes: log.jsonl (one JSON record per line: 'start' or 'resume',
-'step', 'est', 'stop') and summary.json. Train and val loss are the run's last estimate (eval-mode
-cross-entropy, as the author reported them); best val is the lowest val estimate and its step; the
-embedding loss is the unweighted training-batch embedding loss of the last step. Runs that differ only in
-the seed are a group: the report gives each group's mean, sample standard deviation and min-max of the
-final and of the best val loss. Uses only the standard library.
+'step', 'est', 'whole_val', 'stop') and summary.json. Train and val loss are the run's last estimate
+(eval-mode cross-entropy, as the author reported them); best val is the lowest val estimate and its
+step (an oracle early stop); whole val, the last and the best model's loss on all of val.bin. The
+embedding loss is the unweighted training-batch embedding loss of the last step. Runs that differ
+only in the seed are a group: the report gives each group's mean, sample standard deviation and
+min-max of the final and of the best val loss; --compare, A - B paired by seed, with a 95% interval.
+A key missing from a run's saved config (the run predates it) means its default, read from train.py
+and model.py. Uses only the standard library.
 """
+import ast
 import json
 import math
 import os
@@ -23,8 +27,11 @@ from xml.sax.saxutils import escape
 
 from configurator import ConfigError, die, load_config
 
-# what the run's config may differ in and still count as "the same run, another seed"
-# (and keys that say where and how a run was written or watched, not what was trained)
+ROOT = os.path.dirname(os.path.abspath(__file__))
+# what the configs of one group's runs may differ in: the seed (it picks the members), and keys
+# that say where a run was written, how it was watched or how long a rank waits, none of which
+# changes a number (init_from neither: a resume is exact). Every other key counts, compile (the
+# float order) and data_dir (the data) too; device and dtype as they resolved (config_key)
 SEED_ONLY_KEYS = ('seed', 'out_dir', 'init_from', 'overwrite', 'wandb_log', 'wandb_project', 'wandb_run_name',
                   'log_interval', 'save_interval', 'ddp_timeout')
 
@@ -43,8 +50,7 @@ OPTIONS = dict(
     ymax=None,    # (the same, at the top)
     title='',     # chart title ('' = a description of the curves)
     x='step',     # the chart's x axis: step, or epochs (passes over the training tokens)
-    compare='',   # A,B: A - B of final and best val loss, paired by seed (A, B: a run or a seed group's first run);
-                  # several pairs: 'A,B;C,D'
+    compare='',   # A,B: A - B paired by seed (A, B: a run, for its seed group); several: 'A,B;C,D'
     diag=False,   # also a table of the embedding loss's diagnostics (train.py logs them at every estimate)
     speed=False,  # also a table of each run's speed: median ms/step, tokens/s and MFU of its logged steps, peak memory
 )
@@ -73,6 +79,42 @@ def parse_args(argv):
 
 # -----------------------------------------------------------------------------
 # reading runs
+
+def train_defaults():
+    """train.py's keys and defaults, as conftest.train_defaults() gives them, read from the source
+    (report.py needs no torch): train.py's literals up to DEFAULTS, then ModelConfig's fields."""
+    defaults = {}
+    for path, cls in (('train.py', None), ('model.py', 'ModelConfig')):
+        with open(os.path.join(ROOT, path)) as f:
+            body = ast.parse(f.read()).body
+        if cls:
+            body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+        for node in body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, 'target', 0)
+            if not isinstance(target, ast.Name) or node.value is None or target.id.startswith('_'):
+                continue
+            if target.id == 'DEFAULTS':
+                break  # the end of train.py's defaults block
+            try:
+                defaults[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass  # not a literal: not a key
+    return defaults
+
+
+DEFAULTS = train_defaults()
+
+
+def config_key(config, facts):
+    # what the runs of one group agree on: the config, defaults filled in, without SEED_ONLY_KEYS;
+    # None without a saved config (such a run is a group of its own)
+    if not config:
+        return None
+    key = {k: v for k, v in {**DEFAULTS, **config}.items() if k not in SEED_ONLY_KEYS}
+    for k in ('device', 'dtype'):  # 'auto' as it resolved; a GPU's index (cuda:0) changes nothing
+        key[k] = str(facts.get(k) or key[k]).split(':')[0]
+    return key
+
 
 def read_log(path):
     # a resumed run appends to the log: a 'resume' record at step s means everything logged after
@@ -120,9 +162,16 @@ def load_run(run_dir):
         die(f"{log_path}: no loss estimate logged yet (the run has not reached its first estimate)")
     last = steps[-1] if steps else {}
     config = dict(summary.get('config') or starts[-1].get('config') or {})
+    # all of val.bin at the end; the log's record only if no estimate came after it (a resume that
+    # trains further drops it from summary.json)
+    whole = summary if 'whole_val_last' in summary else next((
+        r for r in records[::-1] if r['type'] == 'whole_val' and r['step'] >= ests[-1]['step']), {})
+
+    def where(fmt):  # what a fact was in the run's processes (a resumed run may go on elsewhere)
+        return ' / '.join(dict.fromkeys(fmt(s) for s in starts if 'threads' in s)) or None
     return {
-        'name': os.path.basename(os.path.normpath(run_dir)),
-        'config': config,
+        'name': os.path.basename(os.path.normpath(run_dir)), 'dir': run_dir,
+        'config': config, 'key': config_key(config, summary or starts[-1]),
         'seed': config.get('seed'),
         'curve': [(r['step'], r['train'], r['val']) for r in ests],  # (step, train, val)
         'epochs_at': [r['epochs'] for r in ests],
@@ -140,6 +189,11 @@ def load_run(run_dir):
         'timed': [r for r in steps if r['step'] >= 2 and 'ms' in r],  # the first step pays for compiling and warm-up
         'hardware': summary.get('gpu') or summary.get('device') or '?', 'dtype': summary.get('dtype', '?'),
         'compiled': summary.get('compiled'), 'peak_mib': summary.get('peak_gpu_memory_mib'),
+        'whole_last': whole.get('whole_val_last'), 'whole_best': whole.get('whole_val_best'),
+        'whole_tokens': whole.get('whole_val_tokens'),
+        'commit': where(lambda s: (s.get('commit') or '?')[:7] + '+' * bool(s.get('tree_changed'))),
+        'threads': where(lambda s: str(s['threads'])),
+        'cpu': where(lambda s: f"{s.get('cpu') or '?'} ({s.get('cpu_count') or '?'} CPUs)"),
     }
 
 
@@ -155,24 +209,40 @@ def fmt_wall(s):
 
 
 def table(runs):
+    whole = any(r['whole_last'] is not None for r in runs)  # the columns once a run has them
     lines = ["| run | train loss | val loss | best val (step) | embedding loss | params | seed | steps | epochs | tokens "
-             "| wall time |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| wall time |" + (" whole val (last) | whole val (best) |" if whole else ""),
+             "|---" * (11 + 2 * whole) + "|"]
     for r in runs:
         name = r['name'] if r['status'] == 'finished' else f"{r['name']} ({r['status']})"
         emb = f"{r['emb']:.3e}" if r['emb'] is not None else "N/A"
         params = f"{r['params']:,}" if r['params'] is not None else "?"
         seed = str(r['seed']) if r['seed'] is not None else "?"
         epochs = f"{r['epochs']:.2f}" if r['epochs'] is not None else "?"
+        more = f" {fmt_loss(r['whole_last'])} | {fmt_loss(r['whole_best'])} |" if whole else ""
         lines.append(f"| {name} | {r['train']:.3f} | {r['val']:.3f} | {r['best_val']:.3f} ({r['best_step']:,}) | "
                      f"{emb} | {params} | {seed} | {r['step']:,} | {epochs} | {fmt_tokens(r['tokens'])} | "
-                     f"{fmt_wall(r['wall'])} |")
+                     f"{fmt_wall(r['wall'])} |" + more)
+    lines += ["", "Best val is the lowest val estimate: an oracle early stop, picked on the "
+                  "batches it is measured on."]
+    if whole:
+        n = ', '.join(f"{t:,}" for t in sorted({r['whole_tokens'] or 0 for r in runs} - {0}))
+        lines[-1] += (" Whole val: the last model's and the best estimate's loss on all of val.bin "
+                      f"({n} tokens, the same for every seed)")
+        old = any(r['whole_last'] is None for r in runs)
+        lines[-1] += "; '-': the run predates it." if old else "."
     return lines
 
 
+def fmt_loss(v):
+    return f"{v:.3f}" if v is not None else "-"
+
+
 def speed_table(runs):
-    lines = ["| run | hardware | dtype | compiled | steps timed | ms/step | tokens/s | MFU | peak GPU memory |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    where = any(r['threads'] for r in runs)  # where it ran, once a run records it
+    head = ("run | hardware | dtype | compiled | steps timed | ms/step | tokens/s | MFU | "
+            "peak GPU memory" + (" | commit | threads | CPU" if where else ""))
+    lines = [f"| {head} |", "|---" * (head.count('|') + 1) + "|"]
     for r in runs:
         t = r['timed']
 
@@ -181,32 +251,28 @@ def speed_table(runs):
         ms_tok = f"{median('ms'):,.0f} | {median('tok_s'):,.0f}" if t else "N/A | N/A"
         mfu = f"{100 * median('mfu'):.1f}%" if t and all(x.get('mfu') is not None for x in t) else "N/A"
         peak = f"{r['peak_mib']:,} MiB" if r['peak_mib'] is not None else "N/A"
+        more = "".join(f" {r[k] or '-'} |" for k in ('commit', 'threads', 'cpu') if where)
         lines.append(f"| {r['name']} | {r['hardware']} | {r['dtype']} | {'yes' if r['compiled'] else 'no'} | {len(t)} | "
-                     f"{ms_tok} | {mfu} | {peak} |")
+                     f"{ms_tok} | {mfu} | {peak} |" + more)
     return lines
 
 
-def same_config(a, b):
-    # the same run but for the seed; a key only one of the two configs has is ignored: the other run was
-    # written before the key existed, when its default was the only behaviour
-    if not a['config'] or not b['config']:
-        return a['name'] == b['name']
-    common = (a['config'].keys() & b['config'].keys()) - set(SEED_ONLY_KEYS)
-    return all(a['config'][k] == b['config'][k] for k in common)
-
-
 def groups_of(runs):
-    # {first run's name: [runs that differ from it only in the seed]}, in the order given; one run per seed
-    # (a second run of a config at a seed it already has, e.g. with a later train.py, starts a group of its own)
-    groups = {}
-    for r in runs:
-        for group in groups.values():
-            if same_config(group[0], r) and r['seed'] not in {g['seed'] for g in group}:
+    # {name: [runs]}: runs with equal config_keys, in any order given. In name order, a run joins
+    # the first group of its config that lacks its seed: a second run at a seed (a re-run) starts a
+    # group of its own; a group is named after its first run by name. Groups are listed in the order
+    # their runs are given, a group's runs by name.
+    groups = []
+    for r in sorted(runs, key=lambda r: (r['name'], r['dir'])):
+        for group in groups:
+            if (r['key'] is not None and group[0]['key'] == r['key']
+                    and r['seed'] not in {g['seed'] for g in group}):
                 group.append(r)
                 break
         else:
-            groups[r['name']] = [r]
-    return groups
+            groups.append([r])
+    order = {id(r): i for i, r in enumerate(runs)}
+    return {g[0]['name']: g for g in sorted(groups, key=lambda g: min(order[id(r)] for r in g))}
 
 
 def stats(values):
@@ -214,6 +280,27 @@ def stats(values):
     n, mean = len(values), sum(values) / len(values)
     std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
     return mean, std, min(values), max(values)
+
+
+# Student's t: its 0.975 quantiles for 1-30 degrees of freedom (as any statistics table has them);
+# past 30 the first terms of its expansion around the normal's 1.96, within 1e-4 of the exact value
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df):
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def ci95(values):
+    # the 95% confidence interval of the mean of n >= 2 values: mean ± t(0.975, n-1) * sd / sqrt(n)
+    mean, std, _, _ = stats(values)
+    half = t975(len(values) - 1) * std / math.sqrt(len(values))
+    return f"[{mean - half:+.3f}, {mean + half:+.3f}]"
 
 
 def fmt_stats(values, signed=False):
@@ -233,26 +320,48 @@ def seed_groups(runs):
         lines.append(f"- {name}: {len(group)} seeds ({', '.join(str(r['seed']) for r in group)}): "
                      f"final val {fmt_stats([r['val'] for r in group])}; "
                      f"best val {fmt_stats([r['best_val'] for r in group])}")
+        if all(r['whole_last'] is not None for r in group):
+            lines[-1] += (f"; whole val, last {fmt_stats([r['whole_last'] for r in group])}, "
+                          f"best {fmt_stats([r['whole_best'] for r in group])}")
     return lines
 
 
 def compare(runs, a, b):
-    # A - B, paired by seed: with one seed, two configs see the same training and estimate batches
+    # A - B, paired by seed: with one seed, two configs see the same training and estimate batches.
+    # A and B: a run, standing for its group
     groups = groups_of(runs)
+    group_of = {r['name']: group for group in groups.values() for r in group}
     for name in (a, b):
-        if name not in groups:
+        if name not in group_of:
             die(f"--compare: no run or group named '{name}' (groups: {', '.join(groups)})")
-    by_seed = [{r['seed']: r for r in groups[name]} for name in (a, b)]
+    by_seed = [{r['seed']: r for r in group_of[name]} for name in (a, b)]
     seeds = [s for s in by_seed[0] if s in by_seed[1]]
     if not seeds:
         die(f"--compare: {a} and {b} have no seed in common")
     pairs = [(by_seed[0][s], by_seed[1][s]) for s in seeds]
     final = [x['val'] - y['val'] for x, y in pairs]
     best = [x['best_val'] - y['best_val'] for x, y in pairs]
-    return [f"- {a} - {b}, paired by seed ({', '.join(str(s) for s in seeds)}): "
-            f"final val {fmt_stats(final, signed=True)}; best val {fmt_stats(best, signed=True)}; "
-            f"{a} lower in {sum(d < 0 for d in final)} of {len(final)} (final), "
-            f"{sum(d < 0 for d in best)} of {len(best)} (best)"]
+    lines = [f"- {a} - {b}, paired by seed ({', '.join(str(s) for s in seeds)}): "
+             f"final val {fmt_stats(final, signed=True)}; best val {fmt_stats(best, signed=True)}; "
+             f"{a} lower in {sum(d < 0 for d in final)} of {len(final)} (final), "
+             f"{sum(d < 0 for d in best)} of {len(best)} (best)"]
+    if len(pairs) > 1:
+        lines.append(f"  - 95% CI of the mean (t, n={len(pairs)}): final val {ci95(final)}, "
+                     f"best val {ci95(best)}")
+    # all of val.bin, where both runs of a pair were scored on the same tokens
+    whole = [(x, y) for x, y in pairs if x['whole_last'] is not None and y['whole_last'] is not None
+             and x['whole_tokens'] == y['whole_tokens']]
+    if whole:
+        last, best = ([x[k] - y[k] for x, y in whole] for k in ('whole_last', 'whole_best'))
+        n = len(whole)
+
+        def cell(d):
+            return fmt_stats(d, signed=True) + (f", 95% CI {ci95(d)}" if n > 1 else "")
+        seeds = ', '.join(str(x['seed']) for x, _ in whole)
+        lines.append(f"  - whole val, paired by seed ({seeds}): last {cell(last)}; "
+                     f"best {cell(best)}; {a} lower in {sum(d < 0 for d in last)} of {n} (last), "
+                     f"{sum(d < 0 for d in best)} of {n} (best)")
+    return lines
 
 
 DIAG_COLUMNS = [('loss', 'loss', '.2e'), ('loss_no_affine', 'loss without LN affine', '.3f'),

@@ -3,6 +3,7 @@ Tests of report.py: fake run directories with hand-written logs (exact numbers),
 real tiny train.py run fed through report.py end to end.
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -177,6 +178,11 @@ def test_real_training_run_end_to_end(tmp_path):
     assert row[1:8] == [f"{last_est['train']:.3f}", f"{last_est['val']:.3f}", f"{best['val']:.3f} ({best['step']})",
                         f"{last_step['emb']:.3e}", f"{summary['params']:,}", '1337', '6']
     assert row[8:10] == [f"{6 * 4 * 16 / 3000:.2f}", f"{6 * 4 * 16:,}"]  # epochs, tokens
+    assert row[11:] == [f"{summary['whole_val_last']:.3f}", f"{summary['whole_val_best']:.3f}"]
+    speed = run_report(out, '--speed').stdout.split('Speed')[1]
+    commit = summary['commit'][:7] + '+' * summary['tree_changed']
+    cpu = f"{summary['cpu']} ({summary['cpu_count']} CPUs)"
+    assert f"| {commit} | {summary['threads']} | {cpu} |" in speed
     paths = ET.parse(svg).getroot().findall(f'.//{SVG}path')
     assert len(paths) == 1 and paths[0].get('d').count('L') == 2  # estimates at steps 0, 3, 6
 
@@ -331,3 +337,151 @@ def test_speed_table(tmp_path):
     assert rows['g'] == ['g', 'NVIDIA H100 80GB HBM3', 'bfloat16', 'yes', '4', '675', '237,363', '1.8%', '5,631 MiB']
     assert rows['c'] == ['c', 'cpu', 'float32', 'no', '2', '1,002', '1,024', 'N/A', 'N/A']
     assert 'Speed' not in run_report(d1, d2).stdout  # only when asked
+
+
+def write_seeds(root, name, cfgs, finals):
+    # a run per config and final val: name, name_seed2, ... for seeds 1, 2, ...; best val 0.1 lower
+    dirs = []
+    for seed, (cfg, final) in enumerate(zip(cfgs, finals), 1):
+        cfg = dict(cfg, seed=seed)
+        recs = fake_records(cfg, [(0, 10.8, 10.8), (10, 3.0, final - 0.1), (20, 2.5, final)], None)
+        recs[0].update(device='cpu', dtype='float32')  # as train.py's start record has them
+        summary = {'status': 'finished', 'config': cfg, 'device': 'cpu', 'dtype': 'float32'}
+        dirs.append(write_run(root, name if seed == 1 else f'{name}_seed{seed}', recs, summary))
+    return dirs
+
+
+def test_seed_groups_never_pool_two_configs_in_any_order(tmp_path):
+    """A key missing from an older run's config means its default: the key config's first seed,
+    written before embedding_ln_affine existed, is not the config of runs with
+    embedding_ln_affine=False. Keys that change no number (out_dir, init_from, device 'auto' as it
+    resolved) do not split a group."""
+    new = {'arch': 'aed', 'embedding_ln_affine': None}
+    old = {'arch': 'aed'}
+    cpu = dict(new, device='cpu', dtype='float32', init_from='resume')
+    key = write_seeds(tmp_path, 'aed', [old, dict(new, device='auto', out_dir='/x/a2'), cpu],
+                      [3.40, 3.50, 3.42])
+    noaffine = write_seeds(tmp_path, 'aed_noaffine', [dict(new, embedding_ln_affine=False)] * 3,
+                           [3.60, 3.70, 3.65])
+    gpt = write_seeds(tmp_path, 'gpt', [{'arch': 'gpt'}] * 3, [3.45, 3.44, 3.50])
+    glob_order = sorted(key + noaffine + gpt)  # aed, aed_noaffine, aed_noaffine_seed2, ...
+    shuffled = noaffine[1:] + gpt[::-1] + key[::-1] + noaffine[:1]
+    outputs = []
+    for dirs in (glob_order, shuffled):
+        p = run_report(*dirs, '--compare=aed,gpt')
+        assert p.returncode == 0, p.stderr
+        groups = sorted(line for line in p.stdout.splitlines() if ' seeds (' in line)
+        diffs = [line for line in p.stdout.splitlines() if ', paired by seed (' in line]
+        outputs.append((groups, diffs))
+        assert len(groups) == 3
+        assert '- aed: 3 seeds (1, 2, 3): final val 3.440 ± 0.053 (min 3.400,' in p.stdout
+        assert '- aed_noaffine: 3 seeds (1, 2, 3): final val 3.650 ± 0.050 (min' in p.stdout
+        assert '- aed - gpt, paired by seed (1, 2, 3): final val -0.023 ± 0.074 (' in p.stdout
+    assert outputs[0] == outputs[1]
+    # a run's name stands for its group
+    p = run_report(*shuffled, '--compare=aed_noaffine_seed2,aed')
+    assert '- aed_noaffine_seed2 - aed, paired by seed (1, 2, 3): final val +0.210 ±' in p.stdout
+    # another value of a key that changes the numbers is another group
+    other = write_seeds(tmp_path, 'aed_compiled', [dict(new, compile=False)], [3.0])
+    p = run_report(*key, *other)
+    assert '- aed: 3 seeds (1, 2, 3)' in p.stdout and 'aed_compiled:' not in p.stdout
+
+
+def test_defaults_read_without_torch_are_train_pys():
+    import report
+    from conftest import train_defaults
+    assert report.train_defaults() == train_defaults()
+
+
+def test_paired_differences_get_a_95_percent_interval(tmp_path):
+    aed = write_seeds(tmp_path, 'aed', [{'arch': 'aed'}] * 3, [3.40, 3.50, 3.42])
+    gpt = write_seeds(tmp_path, 'gpt', [{'arch': 'gpt'}] * 3, [3.45, 3.44, 3.50])
+    p = run_report(*aed, *gpt, '--compare=aed,gpt')
+    assert p.returncode == 0, p.stderr
+    # final (and best) differences -0.05, +0.06, -0.08: mean -0.0233, sd 0.0737, t(0.975, 2) is
+    # 4.303, half width 4.303 * 0.0737 / sqrt(3) = 0.1831: [-0.2065, +0.1598]
+    assert ('- aed - gpt, paired by seed (1, 2, 3): final val -0.023 ± 0.074 (min -0.080, '
+            'max +0.060); best val -0.023 ± 0.074 (min -0.080, max +0.060); aed lower in 2 of 3 '
+            '(final), 2 of 3 (best)\n  - 95% CI of the mean (t, n=3): final val [-0.206, +0.160], '
+            'best val [-0.206, +0.160]\n') in p.stdout
+    # two seeds: t(0.975, 1) = 12.706; differences -0.05, +0.06: half width 12.706 * 0.0778 / 1.414
+    p = run_report(*aed[:2], *gpt[:2], '--compare=aed,gpt')
+    assert '  - 95% CI of the mean (t, n=2): final val [-0.694, +0.704]' in p.stdout
+    p = run_report(aed[0], gpt[0], '--compare=aed,gpt')  # one seed: no interval
+    assert 'paired by seed (1)' in p.stdout and '95% CI' not in p.stdout
+
+
+def test_t_quantiles():
+    """report.t975 against Student's t distribution: its density integrated (Simpson) up to t975(df)
+    is 0.975."""
+    import report
+
+    def cdf(x, df, n=4000):
+        c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+        f = [c * (1 + (x * i / n) ** 2 / df) ** (-(df + 1) / 2) for i in range(n + 1)]
+        return 0.5 + x / n / 3 * (f[0] + f[-1] + 4 * sum(f[1:-1:2]) + 2 * sum(f[2:-1:2]))
+    for df in list(range(1, 41)) + [60, 120, 1000]:
+        assert abs(cdf(report.t975(df), df) - 0.975) < 3e-5, df
+
+
+def test_whole_val_and_where_a_run_ran(tmp_path):
+    """Runs of a later train.py: the last and the best model's loss on all of val.bin (summary.json,
+    or the log's 'whole_val' record) in the table, the seed lines and the paired differences, '-'
+    where a run predates it; where each of a run's processes ran (commit, threads, CPU) in the
+    speed table."""
+    aed = write_seeds(tmp_path, 'aed', [{'arch': 'aed'}] * 3, [3.40, 3.50, 3.42])
+    gpt = write_seeds(tmp_path, 'gpt', [{'arch': 'gpt'}] * 3, [3.45, 3.44, 3.50])
+    figures = [(3.30, 3.20), (3.40, 3.30), (3.35, 3.25), (3.35, 3.25), (3.38, 3.31)]  # (last, best)
+    for d, (last, best) in zip(aed + gpt[:2], figures):
+        whole = {'whole_val_last': last, 'whole_val_best': best, 'whole_val_tokens': 12800}
+        if d == aed[2]:  # no summary.json: the log's record
+            os.remove(os.path.join(d, 'summary.json'))
+            with open(os.path.join(d, 'log.jsonl'), 'a') as f:
+                f.write(json.dumps(dict(type='whole_val', step=20, best_step=10, **whole)) + '\n')
+        else:
+            summary = json.load(open(os.path.join(d, 'summary.json')))
+            json.dump(dict(summary, **whole), open(os.path.join(d, 'summary.json'), 'w'))
+    p = run_report(*aed, *gpt, '--compare=aed,gpt')
+    assert p.returncode == 0, p.stderr
+    rows = table_rows(p.stdout)
+    assert rows['aed'][11:] == ['3.300', '3.200']
+    assert rows['aed_seed3 (no summary.json)'][11:] == ['3.350', '3.250']
+    assert rows['gpt_seed3'][11:] == ['-', '-']  # it predates the whole-val figures
+    assert "Best val is the lowest val estimate: an oracle early stop" in p.stdout
+    assert "all of val.bin (12,800 tokens, the same for every seed)" in p.stdout
+    assert ('- aed: 3 seeds (1, 2, 3): final val 3.440 ± 0.053 (min 3.400, max 3.500); best val '
+            '3.340 ± 0.053 (min 3.300, max 3.400); whole val, last 3.350 ± 0.050 (min 3.300, '
+            'max 3.400), best 3.250 ± 0.050 (min 3.200, max 3.300)\n') in p.stdout
+    # one seed lacks it: no whole-val figure
+    assert '(min 3.340, max 3.400)\n' in p.stdout.split('- gpt: 3 seeds')[1]
+    # the seeds both sides have: last -0.05, +0.02 (sd 0.0495, half width 12.706 * 0.0495 /
+    # sqrt(2) = 0.4447); best -0.05, -0.01 (sd 0.0283, half width 0.2541)
+    assert ('  - whole val, paired by seed (1, 2): last -0.015 ± 0.049 (min -0.050, max +0.020), '
+            '95% CI [-0.460, +0.430]; best -0.030 ± 0.028 (min -0.050, max -0.010), 95% CI '
+            '[-0.284, +0.224]; aed lower in 1 of 2 (last), 2 of 2 (best)\n') in p.stdout
+    p = run_report(aed[0], gpt[0], '--compare=aed,gpt')  # one seed: no interval
+    assert '  - whole val, paired by seed (1): last -0.050 (one seed: no spread yet); ' in p.stdout
+    # a whole-val record followed by an estimate (a resume that trained further) is stale
+    with open(os.path.join(aed[2], 'log.jsonl'), 'a') as f:
+        f.write(json.dumps({'type': 'est', 'step': 30, 'train': 2.4, 'val': 3.5, 'tokens': 3000,
+                            'epochs': 0.3, 'time': 15.0}) + '\n')
+    rows = table_rows(run_report(aed[2], aed[0]).stdout)
+    assert rows['aed_seed3 (no summary.json)'][11:] == ['-', '-']
+    assert 'whole val' not in run_report(*gpt[2:]).stdout.lower()  # no column when no run has it
+
+    # where it ran: a run started at a commit with changes in its tree, one thread, then resumed
+    # elsewhere with two; a run from before train.py recorded it gets '-'
+    log = os.path.join(gpt[0], 'log.jsonl')
+    recs = [json.loads(line) for line in open(log)]
+    facts = {'commit': 'abcdef0123456789', 'tree_changed': True, 'python': '3.11.7', 'threads': 1,
+             'cpu': 'AMD EPYC 7B13', 'cpu_count': 2}
+    recs[0].update(facts)
+    recs.append(dict(recs[0], type='resume', step=20, threads=2, tree_changed=False))
+    with open(log, 'w') as f:
+        f.write(''.join(json.dumps(r) + '\n' for r in recs))
+    p = run_report(gpt[0], gpt[1], '--speed')
+    rows = {line.split('|')[1].strip(): [c.strip() for c in line.strip().strip('|').split('|')]
+            for line in p.stdout.split('Speed')[1].splitlines() if line.startswith('| ')}
+    assert rows['run'][-3:] == ['commit', 'threads', 'CPU']
+    assert rows['gpt'][-3:] == ['abcdef0+ / abcdef0', '1 / 2', 'AMD EPYC 7B13 (2 CPUs)']
+    assert rows['gpt_seed2'][-3:] == ['-', '-', '-']
