@@ -220,6 +220,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     log(f"{out}: train {counts[0]:,} tokens, val {counts[1]:,} tokens in {time.time() - t0:.1f} s")
     flags = "" if data_dir == "data" else f" --data_dir={data_dir}"  # train.py reads data/wikipedia/ by default
     flags += "" if name == "wikipedia" else f" --dataset={name}"
+    flags += f" --out_dir=out-{name}" if flags else ""  # not the quick start's run: it would be refused
     log(f"train on it: python train.py config/cpu_aed_mse_possub.py{flags}")
     return meta
 

@@ -144,13 +144,13 @@ class RunDir:
         self.lock.flush()
         log = self.path('log.jsonl')
         if scratch and not overwrite and os.path.exists(self.path('ckpt_last.pt')):
-            die(f"{self.dir} already holds a run (ckpt_last.pt): continue it with --init_from=resume, "
-                f"or start over and replace it with --overwrite=True")
+            die(f"{self.dir} already holds a run (ckpt_last.pt): train into a new --out_dir=..., "
+                f"continue it with --init_from=resume, or replace it with --overwrite=True")
         if scratch and not overwrite and os.path.exists(log):
             with open(log, 'rb') as f:  # a log with steps but no checkpoint: someone deleted it, ask
                 if b'"type": "step"' in f.read():
                     die(f"{self.dir} already holds a run (log.jsonl) with no checkpoint to resume: "
-                        f"start over and replace it with --overwrite=True")
+                        f"train into a new --out_dir=..., or replace it with --overwrite=True")
             print(f"{self.dir} holds a run stopped before its first checkpoint: starting it over", flush=True)
         stale = ['ckpt_last.pt.tmp', 'ckpt_best.pt.tmp', 'summary.json.tmp']  # a killed run's (we hold the lock)
         if scratch:  # --overwrite=True: the old run goes now, so a kill before the first save mixes nothing

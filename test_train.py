@@ -773,11 +773,15 @@ def test_scratch_run_never_replaces_a_run(tmp_path):
     assert tiny_run(tmp_path, '--train_steps=5').returncode == 0
     log = open(os.path.join(out, 'log.jsonl'), 'rb').read()
     # the same command again, as after a crash: refused, and the run is untouched
-    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), f'{out} already holds a run', '--init_from=resume',
-                          '--overwrite=True')
+    p = tiny_run(tmp_path, '--train_steps=5')
+    assert_one_line_error(p, f'{out} already holds a run', '--init_from=resume', '--overwrite=True')
+    # another out_dir first: what a user who wants a second run needs, and it loses nothing
+    assert p.stderr.index('--out_dir=') < p.stderr.index('--init_from') < p.stderr.index('--overwrite')
     assert open(os.path.join(out, 'log.jsonl'), 'rb').read() == log
     os.remove(os.path.join(out, 'ckpt_last.pt'))  # a log of steps without their checkpoint: it still counts
-    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), 'already holds a run (log.jsonl)', '--overwrite=True')
+    p = tiny_run(tmp_path, '--train_steps=5')
+    assert_one_line_error(p, 'already holds a run (log.jsonl)', '--out_dir=...', '--overwrite=True')
+    assert p.stderr.index('--out_dir=') < p.stderr.index('--overwrite')
     assert_one_line_error(tiny_run(tmp_path, '--init_from=resume'), 'no checkpoint at', '--overwrite=True')
     # killed before its first checkpoint: the log has no step, nothing is lost by starting over, and the advice
     # of a resume leads there
