@@ -317,6 +317,27 @@ def test_script_errors_are_one_line(tmp_path):
     assert_one_line_error(p, '--compile=True', 'needs --kv_cache=True')
 
 
+def test_sample_names_the_runs_that_have_a_checkpoint(tmp_path, monkeypatch):
+    """sample.py without a checkpoint at out_dir (its default out/, or a mistyped name) names the runs beside
+    it that have one, the nearest name first; with none, how to make one and sample from it."""
+    for name in ('out-cpu-baseline', 'out-cpu-aed-mse-possub', 'empty'):
+        os.makedirs(tmp_path / name)
+        if name != 'empty':
+            (tmp_path / name / 'ckpt_best.pt').write_bytes(b'')
+    p = run_here('sample.py', f'--out_dir={tmp_path}/out-cpu-aed-mse-posub')
+    assert_one_line_error(p)
+    assert p.stderr == f"error: no checkpoint at {tmp_path}/out-cpu-aed-mse-posub/ckpt_best.pt; runs that have " \
+                       f"one: --out_dir={tmp_path}/out-cpu-aed-mse-possub, --out_dir={tmp_path}/out-cpu-baseline\n"
+    monkeypatch.chdir(tmp_path)
+    p = run_here('sample.py')
+    assert_one_line_error(p, "no checkpoint at out/ckpt_best.pt; runs that have one: --out_dir=out-cpu-",
+                          "--out_dir=out-cpu-aed-mse-possub", "--out_dir=out-cpu-baseline")
+    monkeypatch.chdir(tmp_path / 'empty')
+    assert_one_line_error(run_here('sample.py'), 'no checkpoint at out/ckpt_best.pt; train one',
+                          'python train.py config/cpu_aed_mse_possub.py, then python sample.py '
+                          '--out_dir=out-cpu-aed-mse-possub')
+
+
 # ----------------------------------------------------------------------------- training runs
 def test_train_kill_resume_sample(tmp_path):
     """An uninterrupted run and a run killed with kill -9 then resumed end with the same weights."""
@@ -415,6 +436,7 @@ def test_run_header_and_expected_time(tmp_path):
     assert where['aed model, '] < where['compiling the model'] < where['compiled in'] < where['step 0: estimate']
     assert 'about a minute' in lines[where['compiling the model']]
     assert f"train tokens (all) of {os.path.join(data, 'tiny')} |" in lines[where['aed model, ']]  # the data it reads
+    assert lines[-1].endswith(f"; sample: python sample.py --out_dir={tmp_path}/out")  # what to do next
     expected = [line for line in lines if line.startswith('expected: ')]
     assert len(expected) == 2, p.stdout
     assert '(the first step)' in expected[0] and '~' in expected[0]

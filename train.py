@@ -418,7 +418,8 @@ if master and step >= train_steps:  # the last and the best model on all of val.
 if master:
     mem_txt = f", peak GPU memory {torch.cuda.max_memory_allocated(device) // 2 ** 20:,} MiB" if gpu else ""
     print(f"done: {step} steps, {run.tokens(step):,} tokens, best val loss {run.best_val_loss:.4f}, "
-          f"{run.elapsed():.0f} s{mem_txt}; checkpoints in {out_dir}", flush=True)
+          f"{run.elapsed():.0f} s{mem_txt}; checkpoints in {out_dir}; "
+          f"sample: python sample.py --out_dir={out_dir}", flush=True)
 if ddp:
     dist.barrier()  # rank 0 may still be estimating and saving: tearing gloo down under it aborts
     dist.destroy_process_group()
