@@ -7,7 +7,7 @@ $ python prepare.py --input=wiki.txt --name=wiki     # any UTF-8 text file, also
 The first 90% of the characters go to train, the rest to val, each encoded on its own. "<|endoftext|>" in
 the text separates documents and becomes the eot token (50256); the split then moves on to the end of its
 document. With --no-eot it is plain text: the bins are tiktoken's encode_ordinary(text[:int(0.9 * n)]) and
-encode_ordinary(text[int(0.9 * n):]). The text is streamed: memory stays bounded. More: docs/model.md, "Data".
+encode_ordinary(text[int(0.9 * n):]). The text is streamed: memory stays bounded. More: docs/data.md.
 """
 
 import array

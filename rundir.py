@@ -10,6 +10,7 @@ A run's out_dir and what keeps it safe (docs/robustness.md), for train.py:
 Files are written to NAME.tmp, fsynced and renamed (the log is append-only): a kill leaves the old file or the
 new one. torch is imported where it is used: train.py imports this module before torch.
 """
+import atexit
 import fcntl
 import json
 import math
@@ -60,7 +61,7 @@ def _stop_on_signal(r):
 
 def provenance(threads):
     """Where a run runs: the code (git commit, and whether the tree had changes), the software, the hardware. Enough
-    to tell two runs of the same config apart when their numbers differ (docs/training.md, What reproduces)."""
+    to tell two runs of the same config apart when their numbers differ (docs/training.md, The CPU presets)."""
     import platform
     import subprocess
     def git(*args):
@@ -79,6 +80,17 @@ def provenance(threads):
     return {'commit': commit, 'tree_changed': bool(git('status', '--porcelain', '--untracked-files=no'))
             if commit else None, 'python': platform.python_version(), 'threads': threads, 'cpu': cpu,
             'cpu_count': os.cpu_count()}
+
+
+def _unclaim(out_dir, created):
+    """At exit: an out_dir that holds only our .lock (a run refused before it started) is removed again."""
+    try:
+        if os.listdir(out_dir) == ['.lock']:
+            os.remove(os.path.join(out_dir, '.lock'))
+            if created:
+                os.rmdir(out_dir)
+    except OSError:
+        pass
 
 
 def duration(s):
@@ -128,6 +140,7 @@ class RunDir:
         return os.path.join(self.dir, name)
 
     def _claim(self, scratch, overwrite):
+        created = not os.path.isdir(self.dir)
         try:
             os.makedirs(self.dir, exist_ok=True)
             self.lock = open(self.path('.lock'), 'a+')
@@ -139,6 +152,7 @@ class RunDir:
             self.lock.seek(0)
             die(f"{self.dir} is in use by another train.py (pid {self.lock.read().strip() or '?'}): "
                 f"one run per out_dir at a time")
+        atexit.register(_unclaim, self.dir, created)  # a run refused before its log leaves no out_dir behind
         self.lock.truncate(0)
         self.lock.write(f"{os.getpid()}\n")
         self.lock.flush()

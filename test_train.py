@@ -157,6 +157,21 @@ def test_help(script, sources, line):
         assert re.search(r'^  n_layer = 13 .*# AED: n_layer encoder blocks', p.stdout, re.M)  # from model.py
 
 
+def test_docs_references_lead_somewhere():
+    """Every "docs/X.md, Heading" in the Python files (--help shows some) names a file and a heading of it
+    that exist."""
+    headings = {name: [line.lstrip('#').strip() for line in open(os.path.join(ROOT, 'docs', name))
+                       if line.startswith('#')] for name in os.listdir(os.path.join(ROOT, 'docs'))}
+    files = [f for f in os.listdir(ROOT) if f.endswith('.py') and not f.startswith('test_')]
+    files += ['config/' + f for f in os.listdir(os.path.join(ROOT, 'config'))]
+    for name in files:
+        text = re.sub(r'\n\s*#?\s*', ' ', open(os.path.join(ROOT, name)).read())  # a comment may go on below
+        for m in re.finditer(r'docs/(\w+\.md)(, "?([^"]*))?', text):
+            assert m[1] in headings, (name, m[0])
+            assert m[3] is None or any(m[3].startswith(h) and not m[3][len(h):len(h) + 1].isalnum()
+                                       for h in headings[m[1]]), (name, m[0][:60])
+
+
 def test_collect_defaults():
     ns = {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None, '_private': 1, 'os': os, 'fn': len, 'lst': [1]}
     assert collect_defaults(ns) == {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None}
@@ -304,7 +319,22 @@ def test_script_errors_are_one_line(tmp_path):
     p = run('train.py', '--arch=bert')
     assert_one_line_error(p, 'model config', 'arch')
     p = run('train.py', *TINY, f'--data_dir={tmp_path}', f'--out_dir={tmp_path}/out')
-    assert_one_line_error(p, os.path.join(str(tmp_path), 'wikipedia', 'train.bin'), 'run python prepare.py')
+    assert_one_line_error(p, os.path.join(str(tmp_path), 'wikipedia', 'train.bin'),
+                          f'not found: run python prepare.py --data_dir={tmp_path} ({tmp_path} holds: no dataset)')
+    assert not os.path.exists(tmp_path / 'out')  # a refused run leaves no out_dir of a lone .lock behind
+    # another dataset: how to make it, and what data_dir holds; an out_dir that was there stays, empty
+    data = make_data(tmp_path / 'd')
+    os.makedirs(tmp_path / 'empty')
+    p = run('train.py', *TINY, f'--data_dir={data}', '--dataset=shakespeare_char', f'--out_dir={tmp_path}/empty')
+    assert_one_line_error(p, f'run python prepare.py --input=FILE --name=shakespeare_char --data_dir={data} '
+                             f'({data} holds: tiny)')
+    assert os.listdir(tmp_path / 'empty') == []
+    # a config file's path or its name mistyped: the nearest config file; --config=FILE: they are positional
+    for arg in ('config/cpu_aed_mse_posub.py', 'cpu_aed_mse_possub.py', 'config/cpu_aed_mse_possub'):
+        assert_one_line_error(run_here('train.py', arg), f'config file not found: {arg} '
+                                                         f'(did you mean config/cpu_aed_mse_possub.py?)')
+    assert_one_line_error(run_here('train.py', '--config=config/cpu_baseline.py'),
+                          'config files are positional: give config/cpu_baseline.py alone, without --config=')
     p = run('train.py', *TINY, f'--out_dir={tmp_path}/none', '--init_from=resume')
     assert_one_line_error(p, 'no checkpoint at')
     p = run('sample.py', f'--out_dir={tmp_path}/none', '--num_samples=2')

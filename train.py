@@ -129,8 +129,13 @@ full_logits = device_type != 'cpu'
 def open_split(split, limit=0):
     # limit > 0: the first `limit` tokens only (train_tokens); nothing past them is read, not even by the id check
     path = os.path.join(data_dir, dataset, f'{split}.bin')
-    if not os.path.isfile(path):
-        die(f"{path} not found: run python prepare.py")
+    if not os.path.isfile(path):  # how to make it, and the datasets data_dir holds
+        held = sorted(os.listdir(data_dir)) if os.path.isdir(data_dir) else []
+        held = [d for d in held if os.path.isfile(os.path.join(data_dir, d, 'train.bin'))]
+        make = '' if dataset == 'wikipedia' else f' --input=FILE --name={dataset}'
+        make += '' if data_dir == 'data' else f' --data_dir={data_dir}'
+        die(f"{path} not found: run python prepare.py{make} "
+            f"({data_dir} holds: {', '.join(held) or 'no dataset'})")
     size = os.path.getsize(path)
     if size % 2:
         die(f"{path} has an odd number of bytes ({size}): not a file of uint16 token ids, or a truncated one")
