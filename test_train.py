@@ -475,6 +475,28 @@ def test_run_header_and_expected_time(tmp_path):
     assert all(re.search(r'\d+ ms/step .*the whole run ~[\d.]+ (s|min|h)$', line) for line in expected), expected
 
 
+def test_a_gpu_config_on_a_cpu_is_told_before_compiling(tmp_path):
+    """The author's config on a CPU: the header's warning that a step is too big for a CPU comes before the
+    compile (a minute or more), not after it."""
+    data = make_data(tmp_path)
+    env = dict(ENV, TORCHDYNAMO_DISABLE='1')  # torch.compile returns at once: the order of the lines is tested
+    proc = subprocess.Popen([PY, 'train.py', 'config/aed_mse_possub.py', '--device=cpu', f'--data_dir={data}',
+                             '--dataset=tiny', f'--out_dir={tmp_path}/out'], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    try:
+        while not lines or not lines[-1].startswith('compiling the model'):
+            lines.append(proc.stdout.readline())
+            assert lines[-1], 'the run ended: ' + ''.join(lines)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert lines[0].startswith('aed model, 15,763,500 params | 160,000 tokens/step'), lines
+    assert any(re.fullmatch(r'warning: 17\.4 TFLOP a step is too big for a CPU, where a CPU preset\'s 0\.034 '
+                            r'take ~0\.5 s \(config/cpu_aed_mse_possub\.py, config/cpu_baseline\.py\)\n', line)
+               for line in lines[1:-1]), lines
+
+
 def test_new_model_keys_train_resume_sample(tmp_path):
     """The keys beyond the author (docs/model.md, Beyond the author) work from the command line, through resume
     (where they cannot change) and sample.py."""

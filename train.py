@@ -214,6 +214,11 @@ if master:  # the header first: a slow start (compiling, or hardware too slow fo
           f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
           f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} of {os.path.join(data_dir, dataset)} | "
           f"{world_size} process(es), {device}, {dtype}, compile {'on' if compile else 'off'}{mfu_txt}", flush=True)
+    tflop = flops_per_step / 1e12  # said before compiling, which takes a minute or more
+    if device_type == 'cpu' and start_step < train_steps and tflop > 1:
+        print(f"warning: {tflop:.1f} TFLOP a step is too big for a CPU, where a CPU preset's 0.034 "
+              f"take ~0.5 s (config/cpu_aed_mse_possub.py, config/cpu_baseline.py)",
+              file=sys.stderr, flush=True)
     threads, idle = torch.get_num_threads(), os.cpu_count() - os.getloadavg()[0]
     if device_type == 'cpu' and threads > 1 and threads > idle + 0.5:  # threads that wait on each other
         print(f"note: torch uses {threads} threads, but only ~{max(idle, 0):.1f} of this machine's cores are idle: "
