@@ -60,8 +60,9 @@ def _stop_on_signal(r):
 
 
 def provenance(threads):
-    """Where a run runs: the code (git commit, and whether the tree had changes), the software, the hardware. Enough
-    to tell two runs of the same config apart when their numbers differ (docs/training.md, The CPU presets)."""
+    """Where a run runs: the code (git commit, and whether the tree had changes), the software, the
+    hardware. Enough to tell two runs of the same config apart when their numbers differ
+    (docs/training.md, The CPU presets)."""
     import platform
     import subprocess
     def git(*args):
@@ -83,7 +84,7 @@ def provenance(threads):
 
 
 def _unclaim(out_dir, created):
-    """At exit: an out_dir that holds only our .lock (a run refused before it started) is removed again."""
+    """At exit: an out_dir that holds only our .lock (a run refused at start) is removed again."""
     try:
         if os.listdir(out_dir) == ['.lock']:
             os.remove(os.path.join(out_dir, '.lock'))
@@ -152,7 +153,7 @@ class RunDir:
             self.lock.seek(0)
             die(f"{self.dir} is in use by another train.py (pid {self.lock.read().strip() or '?'}): "
                 f"one run per out_dir at a time")
-        atexit.register(_unclaim, self.dir, created)  # a run refused before its log leaves no out_dir behind
+        atexit.register(_unclaim, self.dir, created)  # refused before its log: no out_dir left
         self.lock.truncate(0)
         self.lock.write(f"{os.getpid()}\n")
         self.lock.flush()

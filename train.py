@@ -219,10 +219,6 @@ if master:  # the header first: a slow start (compiling, or hardware too slow fo
         print(f"warning: {tflop:.1f} TFLOP a step is too big for a CPU, where a CPU preset's 0.034 "
               f"take ~0.5 s (config/cpu_aed_mse_possub.py, config/cpu_baseline.py)",
               file=sys.stderr, flush=True)
-    threads, idle = torch.get_num_threads(), os.cpu_count() - os.getloadavg()[0]
-    if device_type == 'cpu' and threads > 1 and threads > idle + 0.5:  # threads that wait on each other
-        print(f"note: torch uses {threads} threads, but only ~{max(idle, 0):.1f} of this machine's cores are idle: "
-              f"if the steps are slow, run with OMP_NUM_THREADS=1 (docs/training.md, The CPU presets)", flush=True)
     if ckpt is not None:
         print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
               f"(best val loss {run.best_val_loss:.4f})", flush=True)
@@ -319,6 +315,14 @@ def get_lr(step):
         return min_lr
     ratio = (step + 1 - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+# a run that stops mid-decay says so (--train_steps=200 on a CPU preset; not the author's flat lr)
+end_lr = get_lr(train_steps - 1)
+if master and decay_lr and warmup_iters <= train_steps < lr_decay_iters and end_lr < 0.99 * lr \
+        and start_step < train_steps:
+    print(f"note: the lr decays until step {lr_decay_iters} (lr_decay_iters), but the run stops "
+          f"at {train_steps}: it ends at lr {end_lr:.2e}, not min_lr {min_lr:g} "
+          f"(--lr_decay_iters={train_steps} ends there)", flush=True)
 
 # logging
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size, device=device,
