@@ -1313,8 +1313,8 @@ def test_author_configs_compile_on_cuda(fname):
 
 
 def test_torchs_own_deprecation_warnings_are_filtered():
-    """pytest.ini ignores torch.jit's DeprecationWarnings (torch reaches them from inside; this file met
-    14): a warning left in the summary is about this project."""
+    """pytest.ini ignores torch.jit's DeprecationWarnings (torch reaches them from inside; this
+    file met 14): a warning left in the summary is about this project."""
     def forward(self, x):
         return x
     with warnings.catch_warnings(record=True) as caught:
