@@ -173,6 +173,22 @@ def test_docs_references_lead_somewhere():
                                        for h in headings[m[1]]), (name, m[0][:60])
 
 
+def test_readme_fits_and_cites_what_it_reproduces():
+    """README within 100 columns (its diagram too) and 15,000 bytes; it and docs/model.md cite the
+    author's write-up and code; its one figure for the AED preset is experiments/results.md's."""
+    readme = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+    assert len(readme.encode()) < 15000
+    assert max(len(line) for line in readme.splitlines()) <= 100
+    model_md = open(os.path.join(ROOT, 'docs', 'model.md'), encoding='utf-8').read()
+    for text in (readme, model_md):
+        assert 'Yifei Yan, *Auto-regressive Encoder-Decoder Transformer* (2024' in text
+        assert 'https://github.com/yiphei/yif-AI/tree/main/autoregressive_encoder_decoder_transformer' \
+            in text
+    results = open(os.path.join(ROOT, 'experiments', 'results.md'), encoding='utf-8').read()
+    val = re.search(r'^\| aed_mse_possub \| [\d.]+ \| ([\d.]+) \|', results, re.M)[1]
+    assert f'to val {val} and' in readme and '6.555' not in readme  # an earlier train.py's
+
+
 def test_collect_defaults():
     ns = {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None, '_private': 1, 'os': os, 'fn': len, 'lst': [1]}
     assert collect_defaults(ns) == {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None}
