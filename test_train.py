@@ -180,10 +180,10 @@ def test_readme_fits_and_cites_what_it_reproduces():
     assert len(readme.encode()) < 15000
     assert max(len(line) for line in readme.splitlines()) <= 100
     model_md = open(os.path.join(ROOT, 'docs', 'model.md'), encoding='utf-8').read()
+    code = 'https://github.com/yiphei/yif-AI/tree/main/autoregressive_encoder_decoder_transformer'
     for text in (readme, model_md):
         assert 'Yifei Yan, *Auto-regressive Encoder-Decoder Transformer* (2024' in text
-        assert 'https://github.com/yiphei/yif-AI/tree/main/autoregressive_encoder_decoder_transformer' \
-            in text
+        assert code in text
     results = open(os.path.join(ROOT, 'experiments', 'results.md'), encoding='utf-8').read()
     val = re.search(r'^\| aed_mse_possub \| [\d.]+ \| ([\d.]+) \|', results, re.M)[1]
     assert f'to val {val} and' in readme and '6.555' not in readme  # an earlier train.py's
