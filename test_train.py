@@ -724,8 +724,8 @@ def test_a_run_that_ends_inside_its_warm_up_or_its_decay_is_told(tmp_path, monke
     p = tiny_run(tmp_path / 'decay', '--train_steps=6', '--lr_decay_iters=12')
     assert p.returncode == 0 and p.stderr == '', p.stderr
     end = [r for r in read_log(tmp_path / 'decay' / 'out') if r['type'] == 'step'][-1]['lr']
-    assert f"note: the lr decays until step 12 (lr_decay_iters), but the run stops at 6: " \
-           f"it ends at lr {end:.2e}, not min_lr 9e-05 (--lr_decay_iters=6 ends there)" in p.stdout
+    assert f"note: the lr decays until step 12 (lr_decay_iters), but the run stops at 6: it ends " \
+           f"at lr {end:.2e}, not min_lr 9.00e-05 (--lr_decay_iters=6 ends there)" in p.stdout
     for n in (6, 700000):  # it decays fully; ~constant, as the author's
         p = tiny_run(tmp_path / str(n), '--train_steps=6', f'--lr_decay_iters={n}')
         assert p.returncode == 0 and 'note' not in p.stdout, p.stdout

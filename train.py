@@ -321,7 +321,7 @@ end_lr = get_lr(train_steps - 1)
 if master and decay_lr and warmup_iters <= train_steps < lr_decay_iters and end_lr < 0.99 * lr \
         and start_step < train_steps:
     print(f"note: the lr decays until step {lr_decay_iters} (lr_decay_iters), but the run stops "
-          f"at {train_steps}: it ends at lr {end_lr:.2e}, not min_lr {min_lr:g} "
+          f"at {train_steps}: it ends at lr {end_lr:.2e}, not min_lr {min_lr:.2e} "
           f"(--lr_decay_iters={train_steps} ends there)", flush=True)
 
 # logging
