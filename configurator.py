@@ -20,6 +20,7 @@ import sys
 import types
 
 NONE_OK = (type(None), bool, int, float, str)
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 # nanoGPT's names for our keys: a nanoGPT user's --max_iters is told our name, not the nearest spelling
 NANOGPT_NAMES = {"max_iters": "train_steps", "block_size": "context_size", "learning_rate": "lr",
                  "eval_interval": "est_interval", "eval_iters": "est_steps", "n_embd": "n_embed",
@@ -80,8 +81,16 @@ def parse_value(raw, default):
 
 def read_config_file(path, defaults, depth=0):
     """Run a config file in a fresh namespace; return the {key: value} it set, type-checked against defaults."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file not found: {path}")
+    if not os.path.isfile(path):  # the nearest .py file in its folder or in config/, as for keys
+        name = os.path.basename(path) + ("" if path.endswith(".py") else ".py")
+        files = {}
+        for folder in (os.path.dirname(path), os.path.relpath(CONFIG_DIR)):
+            for f in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
+                if f.endswith(".py"):
+                    files.setdefault(f, os.path.join(folder, f))
+        near = difflib.get_close_matches(name, list(files), n=1)
+        hint = f" (did you mean {files[near[0]]}?)" if near else ""
+        raise ConfigError(f"config file not found: {path}{hint}")
     with open(path, encoding="utf-8") as f:
         source = f.read()
 
@@ -133,6 +142,9 @@ def load_config(defaults, argv, base=None, sources=None):
             config[key] = True  # a boolean key alone: --quick means --quick=True
         elif not eq and key.startswith("no_") and isinstance(defaults.get(key[3:]), bool):
             config[key[3:]] = False  # --no-quick means --quick=False
+        elif key == "config" and key not in defaults:  # nanoGPT's and argparse's habit
+            raise ConfigError(f"config files are positional: give {raw or 'the file'} alone, "
+                              f"without --config=")
         elif key not in defaults:
             raise unknown_key_error(key, defaults, "on the command line")
         elif not eq:

@@ -7,7 +7,7 @@ $ python prepare.py --input=wiki.txt --name=wiki     # any UTF-8 text file, also
 The first 90% of the characters go to train, the rest to val, each encoded on its own. "<|endoftext|>" in
 the text separates documents and becomes the eot token (50256); the split then moves on to the end of its
 document. With --no-eot it is plain text: the bins are tiktoken's encode_ordinary(text[:int(0.9 * n)]) and
-encode_ordinary(text[int(0.9 * n):]). The text is streamed: memory stays bounded. More: docs/model.md, "Data".
+encode_ordinary(text[int(0.9 * n):]). The text is streamed: memory stays bounded. See docs/data.md.
 """
 
 import array
@@ -220,6 +220,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     log(f"{out}: train {counts[0]:,} tokens, val {counts[1]:,} tokens in {time.time() - t0:.1f} s")
     flags = "" if data_dir == "data" else f" --data_dir={data_dir}"  # train.py reads data/wikipedia/ by default
     flags += "" if name == "wikipedia" else f" --dataset={name}"
+    flags += f" --out_dir=out-{name}" if flags else ""  # not the quick start's run: that is refused
     log(f"train on it: python train.py config/cpu_aed_mse_possub.py{flags}")
     return meta
 

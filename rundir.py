@@ -10,6 +10,7 @@ A run's out_dir and what keeps it safe (docs/robustness.md), for train.py:
 Files are written to NAME.tmp, fsynced and renamed (the log is append-only): a kill leaves the old file or the
 new one. torch is imported where it is used: train.py imports this module before torch.
 """
+import atexit
 import fcntl
 import json
 import math
@@ -59,9 +60,10 @@ def _stop_on_signal(r):
 
 
 def provenance():
-    """Where a run runs: the code (git commit, and whether the tree had changes), the software, the hardware. Enough
-    to tell two runs of the same config apart when their numbers differ (docs/training.md, What reproduces): the
-    threads and the instruction set torch's CPU kernels use (AVX2, AVX512) each change float sums."""
+    """Where a run runs: the code (git commit, and whether the tree had changes), the software, the
+    hardware. Enough to tell two runs of the same config apart when their numbers differ
+    (docs/training.md, What reproduces): threads and the instruction set of torch's CPU kernels (AVX2,
+    AVX512) each change float sums."""
     import platform
     import subprocess
     import torch
@@ -81,6 +83,17 @@ def provenance():
     return {'commit': commit, 'tree_changed': bool(git('status', '--porcelain', '--untracked-files=no'))
             if commit else None, 'python': platform.python_version(), 'threads': torch.get_num_threads(),
             'cpu': cpu, 'cpu_isa': torch.backends.cpu.get_cpu_capability(), 'cpu_count': os.cpu_count()}
+
+
+def _unclaim(out_dir, created):
+    """At exit: an out_dir that holds only our .lock (a run refused at start) is removed again."""
+    try:
+        if os.listdir(out_dir) == ['.lock']:
+            os.remove(os.path.join(out_dir, '.lock'))
+            if created:
+                os.rmdir(out_dir)
+    except OSError:
+        pass
 
 
 def duration(s):
@@ -130,6 +143,7 @@ class RunDir:
         return os.path.join(self.dir, name)
 
     def _claim(self, scratch, overwrite):
+        created = not os.path.isdir(self.dir)
         try:
             os.makedirs(self.dir, exist_ok=True)
             self.lock = open(self.path('.lock'), 'a+')
@@ -141,18 +155,19 @@ class RunDir:
             self.lock.seek(0)
             die(f"{self.dir} is in use by another train.py (pid {self.lock.read().strip() or '?'}): "
                 f"one run per out_dir at a time")
+        atexit.register(_unclaim, self.dir, created)  # refused before its log: no out_dir left
         self.lock.truncate(0)
         self.lock.write(f"{os.getpid()}\n")
         self.lock.flush()
         log = self.path('log.jsonl')
         if scratch and not overwrite and os.path.exists(self.path('ckpt_last.pt')):
-            die(f"{self.dir} already holds a run (ckpt_last.pt): continue it with --init_from=resume, "
-                f"or start over and replace it with --overwrite=True")
+            die(f"{self.dir} already holds a run (ckpt_last.pt): train into a new --out_dir=..., "
+                f"continue it with --init_from=resume, or replace it with --overwrite=True")
         if scratch and not overwrite and os.path.exists(log):
             with open(log, 'rb') as f:  # a log with steps but no checkpoint: someone deleted it, ask
                 if b'"type": "step"' in f.read():
                     die(f"{self.dir} already holds a run (log.jsonl) with no checkpoint to resume: "
-                        f"start over and replace it with --overwrite=True")
+                        f"train into a new --out_dir=..., or replace it with --overwrite=True")
             print(f"{self.dir} holds a run stopped before its first checkpoint: starting it over", flush=True)
         stale = ['ckpt_last.pt.tmp', 'ckpt_best.pt.tmp', 'summary.json.tmp']  # a killed run's (we hold the lock)
         if scratch:  # --overwrite=True: the old run goes now, so a kill before the first save mixes nothing

@@ -4,6 +4,7 @@ $ python sample.py --out_dir=out-cpu-aed-mse-possub --start="The history of" --n
 $ python sample.py --out_dir=out-cpu-baseline --start=FILE:prompt.txt --kv_cache=False
 """
 import codecs
+import difflib
 import os
 import signal
 import sys
@@ -51,8 +52,17 @@ if device_type == 'cuda':
 
 # the model, from the checkpoint alone: its config says which architecture and shape
 ckpt_path = os.path.join(out_dir, f'ckpt_{checkpoint}.pt')
-if not os.path.isfile(ckpt_path):
-    die(f"no checkpoint at {ckpt_path} (train one first, e.g. python train.py config/cpu_aed_mse_possub.py)")
+if not os.path.isfile(ckpt_path):  # the runs beside out_dir that have one, the nearest name first
+    parent, name = os.path.split(os.path.normpath(out_dir))
+    entries = sorted(os.listdir(parent or '.')) if os.path.isdir(parent or '.') else []
+    runs = [d for d in entries if os.path.isfile(os.path.join(parent, d, f'ckpt_{checkpoint}.pt'))]
+    if runs:
+        near = difflib.get_close_matches(name, runs, n=5, cutoff=0)
+        more = f" and {len(runs) - len(near)} more" if len(runs) > len(near) else ""
+        die(f"no checkpoint at {ckpt_path}; runs that have one: "
+            f"{', '.join('--out_dir=' + os.path.join(parent, d) for d in near)}{more}")
+    die(f"no checkpoint at {ckpt_path}; train one first, e.g. python train.py "
+        f"config/cpu_aed_mse_possub.py, then python sample.py --out_dir=out-cpu-aed-mse-possub")
 try:
     ckpt, model_config = load_checkpoint(ckpt_path)  # checksum, config vs weights, finite weights
 except CheckpointError as e:

@@ -335,7 +335,9 @@ def test_command_line_options_and_how_to_train(tmp_path, monkeypatch, capsys):
     assert 50256 not in sum(bins(tmp_path, "t"), [])
     command = "python train.py config/cpu_aed_mse_possub.py"
     assert os.path.exists(os.path.join(HERE, command.split()[2]))
-    assert capsys.readouterr().out.splitlines()[-1] == f"train on it: {command} --data_dir={tmp_path} --dataset=t"
+    # into an out_dir of its own: the quick start's run is kept, and this command is not refused
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        f"train on it: {command} --data_dir={tmp_path} --dataset=t --out_dir=out-t"
     # train.py reads data/wikipedia/ by default, so that needs no flags
     assert (train_defaults()["data_dir"], train_defaults()["dataset"]) == ("data", "wikipedia")
     monkeypatch.chdir(tmp_path)

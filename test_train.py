@@ -157,6 +157,38 @@ def test_help(script, sources, line):
         assert re.search(r'^  n_layer = 13 .*# AED: n_layer encoder blocks', p.stdout, re.M)  # from model.py
 
 
+def test_docs_references_lead_somewhere():
+    """Every "docs/X.md, Heading" in the Python files (--help shows some) names a file and a heading
+    of it that exist."""
+    headings = {name: [line.lstrip('#').strip() for line in open(os.path.join(ROOT, 'docs', name))
+                       if line.startswith('#')] for name in os.listdir(os.path.join(ROOT, 'docs'))}
+    files = [f for f in os.listdir(ROOT) if f.endswith('.py') and not f.startswith('test_')]
+    files += ['config/' + f for f in os.listdir(os.path.join(ROOT, 'config'))]
+    for name in files:
+        text = open(os.path.join(ROOT, name)).read()
+        text = re.sub(r'\n\s*#?\s*', ' ', text)  # a reference may go on on the next line
+        for m in re.finditer(r'docs/(\w+\.md)(, "?([^"]*))?', text):
+            assert m[1] in headings, (name, m[0])
+            assert m[3] is None or any(m[3].startswith(h) and not m[3][len(h):len(h) + 1].isalnum()
+                                       for h in headings[m[1]]), (name, m[0][:60])
+
+
+def test_readme_fits_and_cites_what_it_reproduces():
+    """README within 100 columns (its diagram too) and 15,000 bytes; it and docs/model.md cite the
+    author's write-up and code; its one figure for the AED preset is experiments/results.md's."""
+    readme = open(os.path.join(ROOT, 'README.md'), encoding='utf-8').read()
+    assert len(readme.encode()) < 15000
+    assert max(len(line) for line in readme.splitlines()) <= 100
+    model_md = open(os.path.join(ROOT, 'docs', 'model.md'), encoding='utf-8').read()
+    code = 'https://github.com/yiphei/yif-AI/tree/main/autoregressive_encoder_decoder_transformer'
+    for text in (readme, model_md):
+        assert 'Yifei Yan, *Auto-regressive Encoder-Decoder Transformer* (2024' in text
+        assert code in text
+    results = open(os.path.join(ROOT, 'experiments', 'results.md'), encoding='utf-8').read()
+    val = re.search(r'^\| aed_mse_possub \| [\d.]+ \| ([\d.]+) \|', results, re.M)[1]
+    assert f'to val {val} and' in readme and '6.555' not in readme  # an earlier train.py's
+
+
 def test_collect_defaults():
     ns = {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None, '_private': 1, 'os': os, 'fn': len, 'lst': [1]}
     assert collect_defaults(ns) == {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None}
@@ -304,7 +336,25 @@ def test_script_errors_are_one_line(tmp_path):
     p = run('train.py', '--arch=bert')
     assert_one_line_error(p, 'model config', 'arch')
     p = run('train.py', *TINY, f'--data_dir={tmp_path}', f'--out_dir={tmp_path}/out')
-    assert_one_line_error(p, os.path.join(str(tmp_path), 'wikipedia', 'train.bin'), 'run python prepare.py')
+    assert_one_line_error(p, os.path.join(str(tmp_path), 'wikipedia', 'train.bin'),
+                          f'not found: run python prepare.py --data_dir={tmp_path} '
+                          f'({tmp_path} holds: no dataset)')
+    assert not os.path.exists(tmp_path / 'out')  # a refused run leaves no out_dir with a lone .lock
+    # another dataset: how to make it, and what data_dir holds; an out_dir made before stays
+    data = make_data(tmp_path / 'd')
+    os.makedirs(tmp_path / 'empty')
+    p = run('train.py', *TINY, f'--data_dir={data}', '--dataset=shakespeare_char',
+            f'--out_dir={tmp_path}/empty')
+    assert_one_line_error(p, f'run python prepare.py --input=FILE --name=shakespeare_char '
+                             f'--data_dir={data} ({data} holds: tiny)')
+    assert os.listdir(tmp_path / 'empty') == []
+    # a mistyped config file: the nearest one; --config=FILE: config files are positional
+    for arg in 'config/cpu_aed_mse_posub.py', 'cpu_aed_mse_possub.py', 'config/cpu_aed_mse_possub':
+        assert_one_line_error(run_here('train.py', arg), f'config file not found: {arg} '
+                              f'(did you mean config/cpu_aed_mse_possub.py?)')
+    p = run_here('train.py', '--config=config/cpu_baseline.py')
+    assert_one_line_error(p, 'config files are positional: give config/cpu_baseline.py alone, '
+                             'without --config=')
     p = run('train.py', *TINY, f'--out_dir={tmp_path}/none', '--init_from=resume')
     assert_one_line_error(p, 'no checkpoint at')
     p = run('sample.py', f'--out_dir={tmp_path}/none', '--num_samples=2')
@@ -315,6 +365,28 @@ def test_script_errors_are_one_line(tmp_path):
     assert_one_line_error(p, 'cannot read', 'not a checkpoint written by train.py')
     p = run('sample.py', f'--out_dir={tmp_path}/junk', '--compile=True', '--kv_cache=False')
     assert_one_line_error(p, '--compile=True', 'needs --kv_cache=True')
+
+
+def test_sample_names_the_runs_that_have_a_checkpoint(tmp_path, monkeypatch):
+    """sample.py without a checkpoint at out_dir (the default out/, or a mistyped name) names the
+    runs beside it that have one, the nearest name first; with none, how to make one and sample."""
+    for name in ('out-cpu-baseline', 'out-cpu-aed-mse-possub', 'empty'):
+        os.makedirs(tmp_path / name)
+        if name != 'empty':
+            (tmp_path / name / 'ckpt_best.pt').write_bytes(b'')
+    p = run_here('sample.py', f'--out_dir={tmp_path}/out-cpu-aed-mse-posub')
+    assert_one_line_error(p)
+    assert p.stderr == f"error: no checkpoint at {tmp_path}/out-cpu-aed-mse-posub/ckpt_best.pt; " \
+                       f"runs that have one: --out_dir={tmp_path}/out-cpu-aed-mse-possub, " \
+                       f"--out_dir={tmp_path}/out-cpu-baseline\n"
+    monkeypatch.chdir(tmp_path)
+    p = run_here('sample.py')
+    assert_one_line_error(p, "no checkpoint at out/ckpt_best.pt; runs that have one: --out_dir=",
+                          "--out_dir=out-cpu-aed-mse-possub", "--out_dir=out-cpu-baseline")
+    monkeypatch.chdir(tmp_path / 'empty')
+    assert_one_line_error(run_here('sample.py'), 'no checkpoint at out/ckpt_best.pt; train one',
+                          'python train.py config/cpu_aed_mse_possub.py, then python sample.py '
+                          '--out_dir=out-cpu-aed-mse-possub')
 
 
 # ----------------------------------------------------------------------------- training runs
@@ -415,12 +487,36 @@ def test_run_header_and_expected_time(tmp_path):
     assert where['aed model, '] < where['compiling the model'] < where['compiled in'] < where['step 0: estimate']
     assert 'about a minute' in lines[where['compiling the model']]
     assert f"train tokens (all) of {os.path.join(data, 'tiny')} |" in lines[where['aed model, ']]  # the data it reads
+    assert lines[-1].endswith(f"; sample: python sample.py --out_dir={tmp_path}/out")  # what next
     expected = [line for line in lines if line.startswith('expected: ')]
     assert len(expected) == 2, p.stdout
     assert '(the first step)' in expected[0] and '~' in expected[0]
     assert 'for the 13 steps left and 2 estimate(s) of ~' in expected[0]  # estimates at steps 7 and 14
     assert '(median of steps 2-10)' in expected[1] and 'for the 4 steps left and 1 estimate(s)' in expected[1]
     assert all(re.search(r'\d+ ms/step .*the whole run ~[\d.]+ (s|min|h)$', line) for line in expected), expected
+
+
+def test_a_gpu_config_on_a_cpu_is_told_before_compiling(tmp_path):
+    """The author's config on a CPU: the header's warning that a step is too big for a CPU comes
+    before the compile (a minute or more), not after it."""
+    data = make_data(tmp_path)
+    env = dict(ENV, TORCHDYNAMO_DISABLE='1')  # compiling returns at once: the order is tested
+    args = ['config/aed_mse_possub.py', '--device=cpu', f'--data_dir={data}', '--dataset=tiny',
+            f'--out_dir={tmp_path}/out']
+    proc = subprocess.Popen([PY, 'train.py', *args], cwd=ROOT, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    try:
+        while not lines or not lines[-1].startswith('compiling the model'):
+            lines.append(proc.stdout.readline())
+            assert lines[-1], 'the run ended: ' + ''.join(lines)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert lines[0].startswith('aed model, 15,763,500 params | 160,000 tokens/step'), lines
+    warning = "warning: 17.4 TFLOP a step is too big for a CPU, where a CPU preset's 0.034 take " \
+              "~0.5 s (config/cpu_aed_mse_possub.py, config/cpu_baseline.py)\n"
+    assert warning in lines[1:-1], lines
 
 
 def test_new_model_keys_train_resume_sample(tmp_path):
@@ -570,7 +666,8 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
     assert p.returncode == 0, p.stderr
     tokens = 12 * tokens_per_step + 2 * (1 * 2 * 16)
     assert json.load(open(os.path.join(out, 'summary.json')))['tokens_seen'] == tokens
-    assert read_log(out)[-1]['tokens'] == tokens and f'done: 14 steps, {tokens:,} tokens' in p.stdout
+    last_step = [r for r in read_log(out) if r['type'] == 'step'][-1]  # (whole_val comes last)
+    assert last_step['tokens'] == tokens and f'done: 14 steps, {tokens:,} tokens' in p.stdout
     # the same run on the whole file is refused: the start-up id check sees the poisoned tail (so it is there)
     p = run('train.py', *common[:-3], f'--out_dir={tmp_path / "all"}', '--train_steps=10', '--est_interval=100')
     assert_one_line_error(p, 'holds token id 1031, but vocab_size is 1024')
@@ -609,23 +706,30 @@ def test_bad_values_and_data_are_one_line(tmp_path):
     assert_one_line_error(bad_data('meta_list', meta='[1, 2]'), 'meta.json', 'expected a JSON object')
 
 
-def test_busy_cores_and_a_run_inside_its_warm_up_are_told(tmp_path, monkeypatch):
-    """On a CPU whose cores are busy, the header suggests OMP_NUM_THREADS=1 when torch would use more threads than
-    there are idle cores; a run shorter than its warm-up says that its lr never reaches its peak."""
-    threads = torch.get_num_threads()
+def test_a_run_that_ends_inside_its_warm_up_or_its_decay_is_told(tmp_path, monkeypatch):
+    """A run shorter than its warm-up is warned that its lr never reaches its peak; a run that stops
+    before its lr has decayed gets a note with the lr it ends at (not the author's ~constant lr). No
+    note guesses at busy cores from the load average, which lags: it fired on an idle machine."""
+    monkeypatch.setattr(os, 'getloadavg', lambda: (1.6, 1.6, 1.6))  # 2 idle cores just after a run
     monkeypatch.setattr(os, 'cpu_count', lambda: 2)
+    threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        for load, note in [(1.6, True), (0.0, False)]:
-            monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
-            p = tiny_run(tmp_path / str(load), '--train_steps=3', '--warmup_iters=10')
-            assert p.returncode == 0, p.stderr
-            assert ('note: torch uses 2 threads, but only ~0.4 of' in p.stdout) == note, p.stdout
-            assert 'OMP_NUM_THREADS=1' in p.stdout if note else 'OMP_NUM_THREADS' not in p.stdout
-            assert p.stderr == 'warning: train_steps (3) ends inside the lr warm-up (warmup_iters=10): the lr never ' \
-                               'reaches its peak 0.003\n'
+        p = tiny_run(tmp_path / 'warmup', '--train_steps=3', '--warmup_iters=10')
     finally:
         torch.set_num_threads(threads)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == 'warning: train_steps (3) ends inside the lr warm-up (warmup_iters=10): ' \
+                       'the lr never reaches its peak 0.003\n'
+    assert 'note' not in p.stdout and 'OMP_NUM_THREADS' not in p.stdout, p.stdout
+    p = tiny_run(tmp_path / 'decay', '--train_steps=6', '--lr_decay_iters=12')
+    assert p.returncode == 0 and p.stderr == '', p.stderr
+    end = [r for r in read_log(tmp_path / 'decay' / 'out') if r['type'] == 'step'][-1]['lr']
+    assert f"note: the lr decays until step 12 (lr_decay_iters), but the run stops at 6: it ends " \
+           f"at lr {end:.2e}, not min_lr 9.00e-05 (--lr_decay_iters=6 ends there)" in p.stdout
+    for n in (6, 700000):  # it decays fully; ~constant, as the author's
+        p = tiny_run(tmp_path / str(n), '--train_steps=6', f'--lr_decay_iters={n}')
+        assert p.returncode == 0 and 'note' not in p.stdout, p.stdout
 
 
 def test_nan_weights_are_never_saved(tmp_path):
@@ -773,11 +877,16 @@ def test_scratch_run_never_replaces_a_run(tmp_path):
     assert tiny_run(tmp_path, '--train_steps=5').returncode == 0
     log = open(os.path.join(out, 'log.jsonl'), 'rb').read()
     # the same command again, as after a crash: refused, and the run is untouched
-    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), f'{out} already holds a run', '--init_from=resume',
-                          '--overwrite=True')
+    p = tiny_run(tmp_path, '--train_steps=5')
+    assert_one_line_error(p, f'{out} already holds a run', '--init_from=resume', '--overwrite=True')
+    # another out_dir first: what a user who wants a second run needs, and it loses nothing
+    err = p.stderr
+    assert err.index('--out_dir=') < err.index('--init_from') < err.index('--overwrite')
     assert open(os.path.join(out, 'log.jsonl'), 'rb').read() == log
     os.remove(os.path.join(out, 'ckpt_last.pt'))  # a log of steps without their checkpoint: it still counts
-    assert_one_line_error(tiny_run(tmp_path, '--train_steps=5'), 'already holds a run (log.jsonl)', '--overwrite=True')
+    p = tiny_run(tmp_path, '--train_steps=5')
+    assert_one_line_error(p, 'already holds a run (log.jsonl)', '--out_dir=...', '--overwrite=True')
+    assert p.stderr.index('--out_dir=') < p.stderr.index('--overwrite')
     assert_one_line_error(tiny_run(tmp_path, '--init_from=resume'), 'no checkpoint at', '--overwrite=True')
     # killed before its first checkpoint: the log has no step, nothing is lost by starting over, and the advice
     # of a resume leads there
@@ -916,8 +1025,10 @@ def test_ctrl_c_at_any_moment(tmp_path):
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=60)[1]
     assert time.time() - t0 < 5 and proc.returncode == 130, (time.time() - t0, err)
-    assert err == 'error: interrupted by SIGINT at step 0; no checkpoint was saved yet (the same command starts the ' \
-                  'run over)\n', err
+    warning, error = err.splitlines()  # the header said first that it is too big for a CPU
+    assert warning.startswith('warning: 3.7 TFLOP a step is too big for a CPU'), err
+    assert error == 'error: interrupted by SIGINT at step 0; no checkpoint was saved yet ' \
+                    '(the same command starts the run over)', err
 
 
 def test_ctrl_c_under_torchrun(tmp_path):

@@ -129,8 +129,13 @@ full_logits = device_type != 'cpu'
 def open_split(split, limit=0):
     # limit > 0: the first `limit` tokens only (train_tokens); nothing past them is read, not even by the id check
     path = os.path.join(data_dir, dataset, f'{split}.bin')
-    if not os.path.isfile(path):
-        die(f"{path} not found: run python prepare.py")
+    if not os.path.isfile(path):  # how to make it, and the datasets data_dir holds
+        held = sorted(os.listdir(data_dir)) if os.path.isdir(data_dir) else []
+        held = [d for d in held if os.path.isfile(os.path.join(data_dir, d, 'train.bin'))]
+        make = '' if dataset == 'wikipedia' else f' --input=FILE --name={dataset}'
+        make += '' if data_dir == 'data' else f' --data_dir={data_dir}'
+        die(f"{path} not found: run python prepare.py{make} "
+            f"({data_dir} holds: {', '.join(held) or 'no dataset'})")
     size = os.path.getsize(path)
     if size % 2:
         die(f"{path} has an odd number of bytes ({size}): not a file of uint16 token ids, or a truncated one")
@@ -209,10 +214,11 @@ if master:  # the header first: a slow start (compiling, or hardware too slow fo
           f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
           f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} of {os.path.join(data_dir, dataset)} | "
           f"{world_size} process(es), {device}, {dtype}, compile {'on' if compile else 'off'}{mfu_txt}", flush=True)
-    threads, idle = torch.get_num_threads(), os.cpu_count() - os.getloadavg()[0]
-    if device_type == 'cpu' and threads > 1 and threads > idle + 0.5:  # threads that wait on each other
-        print(f"note: torch uses {threads} threads, but only ~{max(idle, 0):.1f} of this machine's cores are idle: "
-              f"if the steps are slow, run with OMP_NUM_THREADS=1 (docs/training.md, The CPU presets)", flush=True)
+    tflop = flops_per_step / 1e12  # said before compiling, which takes a minute or more
+    if device_type == 'cpu' and start_step < train_steps and tflop > 1:
+        print(f"warning: {tflop:.1f} TFLOP a step is too big for a CPU, where a CPU preset's 0.034 "
+              f"take ~0.5 s (config/cpu_aed_mse_possub.py, config/cpu_baseline.py)",
+              file=sys.stderr, flush=True)
     if ckpt is not None:
         print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
               f"(best val loss {run.best_val_loss:.4f})", flush=True)
@@ -309,6 +315,14 @@ def get_lr(step):
         return min_lr
     ratio = (step + 1 - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+# a run that stops mid-decay says so (--train_steps=200 on a CPU preset; not the author's flat lr)
+end_lr = get_lr(train_steps - 1)
+if master and decay_lr and warmup_iters <= train_steps < lr_decay_iters and end_lr < 0.99 * lr \
+        and start_step < train_steps:
+    print(f"note: the lr decays until step {lr_decay_iters} (lr_decay_iters), but the run stops "
+          f"at {train_steps}: it ends at lr {end_lr:.2e}, not min_lr {min_lr:.2e} "
+          f"(--lr_decay_iters={train_steps} ends there)", flush=True)
 
 # logging
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size, device=device,
@@ -418,7 +432,8 @@ if master and step >= train_steps:  # the last and the best model on all of val.
 if master:
     mem_txt = f", peak GPU memory {torch.cuda.max_memory_allocated(device) // 2 ** 20:,} MiB" if gpu else ""
     print(f"done: {step} steps, {run.tokens(step):,} tokens, best val loss {run.best_val_loss:.4f}, "
-          f"{run.elapsed():.0f} s{mem_txt}; checkpoints in {out_dir}", flush=True)
+          f"{run.elapsed():.0f} s{mem_txt}; checkpoints in {out_dir}; "
+          f"sample: python sample.py --out_dir={out_dir}", flush=True)
 if ddp:
     dist.barrier()  # rank 0 may still be estimating and saving: tearing gloo down under it aborts
     dist.destroy_process_group()
