@@ -260,24 +260,21 @@ class Transformer(nn.Module):
         return F.linear(out, self.wte.weight)[..., :self.config.vocab_size]
 
     def forward(self, idx, targets=None, return_logits=True):
-        """idx, targets: (B, T) -> (logits (B, T, vocab_size) or None, loss or None). The loss: ce + coeff * embedding
-        loss in training mode, ce in eval mode; its parts, detached, in last_ce and last_embedding_loss (None: not
-        computed). return_logits=False: the loss without the full logits (chunked_cross_entropy)."""
+        """idx, targets: (B, T) -> (logits (B, T, vocab_size), or None if not return_logits; loss or None). The
+        loss: ce + coeff * embedding loss in training mode, ce in eval mode; its parts, detached, in last_ce and
+        last_embedding_loss (None: not computed)."""
         c = self.config
         out, E, enc = self.hidden_states(idx)
-        logits = self.head(out) if targets is None or return_logits else None  # (B, T, vocab_size)
+        logits = self.head(out)  # (B, T, vocab_size)
         if targets is None:
             return logits, None
-        if logits is not None:
-            ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
-        else:
-            ce = chunked_cross_entropy(out.view(-1, c.n_embed), self.wte.weight[:c.vocab_size], targets.view(-1))
+        ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
         loss, emb = ce, None
         if self.training and enc is not None and c.embedding_loss_type != "NONE":
             emb = self.embedding_distance(*self.embedding_pair(E, enc))
             loss = ce + c.embedding_loss_coeff * emb
         self.last_ce, self.last_embedding_loss = ce.detach(), None if emb is None else emb.detach()
-        return logits, loss
+        return logits if return_logits else None, loss
 
     # the AED's embedding loss (docs/model.md, Embedding loss)
     def embedding_pair(self, E, enc, affine=True):
@@ -400,50 +397,3 @@ def cumsum_time(x: torch.Tensor) -> torch.Tensor:
 
 cumsum_time.register_fake(lambda x: torch.empty_like(x))
 cumsum_time.register_autograd(lambda ctx, grad: cumsum_time(grad.flip(1)).flip(1))  # ATen's cumsum backward
-
-# one chunk's fp32 logits at most 32 MB: glibc's malloc reuses it, no fresh pages (page faults: 40% of a CPU step)
-CHUNK_ELEMENTS = 8 * 1024 * 1024
-
-
-@torch.compiler.disable  # a Python loop of big matmuls: nothing for the compiler to fuse
-def chunked_cross_entropy(h, w, targets):
-    """F.cross_entropy(h @ w.T, targets) and its gradients, the (N, V) logits a chunk of rows at a time."""
-    if torch.is_grad_enabled() and (h.requires_grad or w.requires_grad):
-        return _ChunkedCrossEntropy.apply(h, w, targets)
-    return _ChunkedCrossEntropy.forward(None, h, w, targets)  # no gradients wanted
-
-
-class _ChunkedCrossEntropy(torch.autograd.Function):
-    # the loss is a scalar: its gradients are computed in the forward pass, chunk by chunk, and backward only
-    # scales them (as fused linear + cross-entropy kernels do)
-    @staticmethod
-    def forward(ctx, h, w, targets):
-        N, V = h.size(0), w.size(0)
-        chunk = max(1, CHUNK_ELEMENTS // V)
-        dtype = torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else h.dtype
-        wd = w.to(dtype)
-        loss = torch.zeros((), dtype=torch.float32, device=h.device)
-        if ctx is not None:
-            grad_h, grad_w = torch.empty_like(h), torch.zeros_like(w, dtype=torch.float32)
-        for i in range(0, N, chunk):
-            hc, tc = h[i:i + chunk].to(dtype), targets[i:i + chunk]
-            logits = (hc @ wd.T).float()  # (n, V)
-            target_logits = logits.gather(1, tc[:, None]).squeeze(1)  # (n,)
-            max_logits = logits.amax(dim=1, keepdim=True)  # (n, 1)
-            exp = logits.sub_(max_logits).exp_()  # in place, and only one exp pass: they dominate after the matmuls
-            sum_exp = exp.sum(dim=1)  # (n,)
-            loss += (max_logits.squeeze(1) + sum_exp.log() - target_logits).sum()
-            if ctx is not None:  # d(sum of ce)/d logits = softmax - one_hot(target)
-                grad = exp.div_(sum_exp[:, None])
-                grad[torch.arange(grad.size(0), device=grad.device), tc] -= 1.0
-                grad = grad.to(dtype)
-                grad_h[i:i + chunk] = grad @ wd
-                grad_w += grad.T @ hc
-        if ctx is not None:
-            ctx.save_for_backward(grad_h / N, (grad_w / N).to(w.dtype))
-        return loss / N
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_loss, grad_w * grad_loss, None

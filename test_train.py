@@ -592,12 +592,9 @@ def test_bad_values_and_data_are_one_line(tmp_path):
         assert_one_line_error(run_here('train.py', *nodata, arg), words)
     assert_one_line_error(run_here('sample.py', '--device=banana'), "got 'banana'")
 
-    def bad_data(name, train=None, meta=None):
+    def bad_data(name, train):
         d = make_data(tmp_path / name)
-        if train is not None:
-            (tmp_path / name / 'tiny' / 'train.bin').write_bytes(train)
-        if meta is not None:
-            (tmp_path / name / 'tiny' / 'meta.json').write_text(meta)
+        (tmp_path / name / 'tiny' / 'train.bin').write_bytes(train)
         return run_here('train.py', *TINY, f'--data_dir={d}', '--dataset=tiny', f'--out_dir={tmp_path}/{name}/out')
     train_bin = os.path.join(str(tmp_path), 'empty', 'tiny', 'train.bin')
     assert_one_line_error(bad_data('empty', train=b''), train_bin, 'has 0 tokens')
@@ -605,8 +602,6 @@ def test_bad_values_and_data_are_one_line(tmp_path):
     ids = np.full(500, 7, dtype=np.uint16)
     ids[321] = 2000  # >= TINY's vocab_size 1024
     assert_one_line_error(bad_data('big_id', train=ids.tobytes()), 'holds token id 2000, but vocab_size is 1024')
-    assert_one_line_error(bad_data('meta', meta='{"vocab_size": 50257,'), 'cannot read', 'meta.json')
-    assert_one_line_error(bad_data('meta_list', meta='[1, 2]'), 'meta.json', 'expected a JSON object')
 
 
 def test_busy_cores_and_a_run_inside_its_warm_up_are_told(tmp_path, monkeypatch):

@@ -12,7 +12,6 @@ import rundir
 rundir.catch_signals()  # first: from here on Ctrl-C ends the run with one line, during `import torch` too
 
 import dataclasses
-import json
 import math
 import os
 import re
@@ -121,9 +120,6 @@ tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')  # TF32 matmuls
 autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
-# on GPUs the full (B, T, vocab) logits and F.cross_entropy, as the author (docs/gpu.md, The chunked loss on a GPU);
-# on CPU the chunked cross-entropy: the same value, faster, without the logits in memory (docs/performance.md)
-full_logits = device_type != 'cpu'
 
 # data: each split's memmap is opened once; batches are random offsets, with replacement
 def open_split(split, limit=0):
@@ -146,13 +142,6 @@ def open_split(split, limit=0):
     return data
 
 train_data, val_data = open_split('train', train_tokens), open_split('val')
-meta_path = os.path.join(data_dir, dataset, 'meta.json')
-try:
-    meta_vocab = dict(json.load(open(meta_path))).get('vocab_size') if os.path.isfile(meta_path) else None
-except (OSError, UnicodeDecodeError, ValueError, TypeError) as e:
-    die(f"cannot read {meta_path}: expected a JSON object as prepare.py writes it ({first_line(e)})")
-if isinstance(meta_vocab, int) and meta_vocab > vocab_size:
-    die(f"{meta_path} says vocab_size {meta_vocab}, more than the model's vocab_size {vocab_size}")
 
 def get_batch(data, ix):
     # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
@@ -233,7 +222,7 @@ if compile and start_step < train_steps:  # (a finished run takes no step)
     model = torch.compile(model)
     try:  # compile now, on one batch: a compiler failure falls back to eager mode, and the step times exclude it
         with autocast:
-            loss = model(X0, Y0, return_logits=full_logits)[1]
+            loss = model(X0, Y0)[1]
         scaler.scale(loss).backward()
         if master:
             print(f"compiled in {time.time() - t0:.1f} s", flush=True)
@@ -266,7 +255,7 @@ def estimate_loss():
         for k, ix in enumerate(est_offsets(split_id, data)):
             X, Y = get_batch(data, ix)
             with autocast:
-                losses[k] = eval_model(X, Y, return_logits=full_logits)[1].float()
+                losses[k] = eval_model(X, Y)[1].float()
         out[split] = losses.mean().item()
     eval_model.train()
     return out
@@ -279,7 +268,7 @@ def estimate_seconds():
     raw_model.eval()
     t0 = time.time()
     with autocast:
-        raw_model(X0[:rows, :n], Y0[:rows, :n], return_logits=full_logits)
+        raw_model(X0[:rows, :n], Y0[:rows, :n])
     raw_model.train()
     return (time.time() - t0) * (batch_size / rows) * (context_size / n) * 2 * est_steps
 
@@ -294,7 +283,7 @@ def whole_val_loss(m):
     for i in range(0, n, batch_size):
         X, Y = get_batch(val_data, starts[i:i + batch_size])
         with autocast:
-            total += m(X, Y, return_logits=full_logits)[1].float().item() * len(X)
+            total += m(X, Y)[1].float().item() * len(X)
     m.train()
     return total / n, n * context_size
 
@@ -364,7 +353,7 @@ while True:
         data_s += time.time() - t_data
         with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():  # DDP: sync the last one only
             with autocast:
-                _, loss = model(X, Y, return_logits=full_logits)
+                _, loss = model(X, Y)
             scaler.scale(loss / micro_steps).backward()
         stats[0] += loss.detach().float()
         stats[1] += raw_model.last_ce.float()
