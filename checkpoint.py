@@ -15,6 +15,7 @@ import shutil
 
 import torch
 
+from configurator import ConfigError, check_type, load_config
 from model import ModelConfig, build_model
 
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -44,11 +45,12 @@ def checksum(obj):
     return h.hexdigest()
 
 
-def nonfinite(named_tensors):
-    """Names of the tensors that hold a NaN or an inf; one device sync for all of them."""
-    named = [(k, t) for k, t in named_tensors if t.is_floating_point()]
+def nonfinite(named):
+    """The names of the values (numbers or tensors) that hold a NaN or an inf; one device sync for all."""
+    named = [(k, torch.as_tensor(v)) for k, v in named]
+    named = [(k, t) for k, t in named if t.is_floating_point()]
     flags = [torch.isfinite(t).all() for _, t in named]
-    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else []  # Adam's steps: on the CPU
+    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else []  # Adam's steps: CPU
     return [k for (k, _), good in zip(named, ok) if not good]
 
 
@@ -155,3 +157,27 @@ def load(path, keys=('model', 'config')):
         raise CheckpointError(f"{path}: {len(bad)} of {len(sd)} weight tensors hold NaN or inf (e.g. {bad[0]}): "
                               f"the run had diverged when this was saved")
     return ckpt, model_config
+
+
+def resume_config(out_dir, defaults, argv):
+    """(config, ckpt, [(key, old, new)]): the config saved in out_dir/ckpt_last.pt, with what argv sets on top
+    (e.g. --train_steps=20000), except the model's shape."""
+    path = os.path.join(out_dir, 'ckpt_last.pt')
+    if not os.path.isfile(path):
+        raise ConfigError(f"--init_from=resume: no checkpoint at {path} (" + (
+            "the run there stopped before its first save: start it over with --overwrite=True instead)"
+            if os.path.isfile(os.path.join(out_dir, 'log.jsonl')) else "is out_dir right?)"))
+    ckpt, _ = load(path, ('model', 'optimizer', 'scaler', 'config', 'step', 'best_val_loss', 'best_step',
+                          'last_est', 'elapsed', 'rng'))
+    saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")
+                              for k, v in ckpt['config'].items() if k in defaults})
+    config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
+    try:  # compare the models, not the spelling: n_decoder_layer=None and =n_layer are the same model
+        same = ModelConfig(**{k: saved[k] for k in MODEL_KEYS}) == ModelConfig(**{k: config[k] for k in MODEL_KEYS})
+    except (ValueError, TypeError):
+        same = False  # a value the model refuses: the check below names the key
+    for k in MODEL_KEYS:
+        if config[k] != saved[k] and not same:
+            raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
+                              f"this run asks for {config[k]!r}")
+    return config, ckpt, [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']

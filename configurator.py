@@ -16,7 +16,9 @@ import ast
 import difflib
 import os
 import re
+import signal
 import sys
+import threading
 import types
 
 NONE_OK = (type(None), bool, int, float, str)
@@ -36,6 +38,34 @@ def die(msg, status=1):
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(status)
+
+
+stopping = None  # what a signal's line names: train.py's RunDir (its step, last_saved() and saving lock)
+
+
+def catch_signals():
+    """Ctrl-C or SIGTERM at any moment ends the process with one line, exit status 128 + the signal. Python
+    runs a handler only between bytecodes (after a torch op that may take minutes); its C-level handler writes
+    the signal to a pipe at once, and a thread reading the pipe stops the process (docs/robustness.md)."""
+    if os.environ.get("RANK") and sys.platform == "linux":  # a torchrun worker: dies with torchrun (kill -9)
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)  # a Python handler: the C-level one writes the pipe
+    signal.set_wakeup_fd(w)
+
+    def stop():
+        while (signum := os.read(r, 1)[0]) not in (signal.SIGINT, signal.SIGTERM):
+            pass
+        run = stopping
+        with run.saving if run else threading.Lock():  # a save under way finishes first
+            if int(os.environ.get("RANK", 0)) == 0:  # torchrun passes the signal on to every rank
+                where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
+                print(f"error: interrupted by {signal.Signals(signum).name} {where}", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+    threading.Thread(target=stop, daemon=True).start()
 
 
 def first_line(e):

@@ -8,13 +8,14 @@ $ torchrun --standalone --nproc_per_node=8 train.py config/aed_mse_possub.py
 Any key below can be set by a config file (plain Python) and/or --key=value. What a run prints and writes:
 docs/training.md; what survives a kill, a full disk or bad input: docs/robustness.md.
 """
-import rundir
-rundir.catch_signals()  # first: from here on Ctrl-C ends the run with one line, during `import torch` too
+from configurator import catch_signals
+catch_signals()  # first: from here on Ctrl-C or SIGTERM ends the run with one line, during `import torch` too
 
 import dataclasses
 import math
 import os
 import re
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -25,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import MODEL_KEYS, CheckpointError, load
+from checkpoint import MODEL_KEYS, CheckpointError, load, resume_config
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from model import ModelConfig, build_model
-from rundir import RunDir, duration, provenance, resume_config
+from rundir import RunDir, duration, provenance
 
 # -----------------------------------------------------------------------------
 # defaults: the author's common settings (docs/model.md, The author's settings)
@@ -313,9 +314,10 @@ if master and wandb_log:
 
 # training loop
 step = start_step
-est_s = None  # an estimate's time, for the expected time of the run
+est_s, step_times = None, []  # an estimate's and the steps' times, for the expected time of the run
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
+    improved = None  # whether this step's estimate is the best so far; None: no estimate
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
             if est_s is None and device_type == 'cpu' and (expect_s := estimate_seconds()) > 10:  # never silent
@@ -334,10 +336,14 @@ while True:
                   f"{' (best)' if improved else ''} [{est_s:.1f} s]", flush=True)
             if wandb_log:
                 wandb.log({'step': step, 'est/train': est['train'], 'est/val': est['val']})
-            run.save(step, raw_model, optimizer, scaler, best=improved)
-            run.summary(step)
-        elif save_interval and step % save_interval == 0:
-            run.save(step, raw_model, optimizer, scaler)
+        if improved is not None or (save_interval and step % save_interval == 0):
+            checkpoint = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+                          'scaler': scaler.state_dict(), 'config': config, 'step': step,
+                          'best_val_loss': run.best_val_loss, 'best_step': run.best_step,
+                          'last_est': run.last_est, 'elapsed': run.elapsed(), 'tokens': run.tokens(step),
+                          'rng': {'torch': torch.get_rng_state(),
+                                  'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}}
+            run.save(step, checkpoint, best=improved)  # atomic; refuses NaN weights
     if step >= train_steps:
         break
 
@@ -363,8 +369,7 @@ while True:
         dist.all_reduce(stats)  # every rank sees the same numbers, so all stop together on NaN
     loss_v, ce_v, emb_v = (v / (micro_steps * world_size) for v in stats.tolist())
     emb_v = emb_v if raw_model.last_embedding_loss is not None else None  # (the same on every micro-step)
-    if not math.isfinite(loss_v):
-        run.stop(f"training loss is {loss_v}", step)
+    run.check_finite(step, [('the training loss', loss_v)])
     if grad_clip > 0.0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
@@ -388,7 +393,14 @@ while True:
         if wandb_log:
             wandb.log({'step': step, 'train/loss': loss_v, 'train/ce': ce_v, 'train/emb': emb_v, 'lr': lr_now,
                        'tok_s': tok_s, 'mfu': mfu})
-    run.expect(step, dt, est_s, est_interval)  # after the first step and the tenth: the time the rest will take
+    step_times.append(dt)
+    if master and len(step_times) == 10 and step < train_steps:  # once, early: a slow config shows
+        per_step = statistics.median(step_times[1:])
+        n_est = train_steps // est_interval - (step - 1) // est_interval + (train_steps % est_interval != 0)
+        rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est
+        ests = f" and {n_est} estimate(s) of ~{duration(est_s)}" if est_s else ""
+        print(f"expected: {per_step * 1000:,.0f} ms/step (median of steps 2-10), ~{duration(rest)} for the "
+              f"{train_steps - step:,} steps left{ests}: the whole run ~{duration(run.elapsed() + rest)}", flush=True)
 
 if master and step >= train_steps:  # the last and the best model on all of val.bin (eager: any batch shape)
     last, n_tokens = whole_val_loss(raw_model)
