@@ -411,8 +411,8 @@ def test_run_header_and_expected_time(tmp_path):
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     where = {key: next(i for i, line in enumerate(lines) if line.startswith(key))
-             for key in ('aed model, ', 'compiling the model', 'compiled in', 'step 0: estimate')}
-    assert where['aed model, '] < where['compiling the model'] < where['compiled in'] < where['step 0: estimate']
+             for key in ('aed model, ', 'compiling the model', 'step 0: estimate')}
+    assert where['aed model, '] < where['compiling the model'] < where['step 0: estimate']
     assert 'about a minute' in lines[where['compiling the model']]
     assert f"train tokens (all) of {os.path.join(data, 'tiny')} |" in lines[where['aed model, ']]  # the data it reads
     expected = [line for line in lines if line.startswith('expected: ')]
@@ -602,23 +602,11 @@ def test_bad_values_and_data_are_one_line(tmp_path):
     assert_one_line_error(bad_data('big_id', train=ids.tobytes()), 'holds token id 2000, but vocab_size is 1024')
 
 
-def test_busy_cores_and_a_run_inside_its_warm_up_are_told(tmp_path, monkeypatch):
-    """On a CPU whose cores are busy, the header suggests OMP_NUM_THREADS=1 when torch would use more threads than
-    there are idle cores; a run shorter than its warm-up says that its lr never reaches its peak."""
-    threads = torch.get_num_threads()
-    monkeypatch.setattr(os, 'cpu_count', lambda: 2)
-    try:
-        torch.set_num_threads(2)
-        for load, note in [(1.6, True), (0.0, False)]:
-            monkeypatch.setattr(os, 'getloadavg', lambda: (load, load, load))
-            p = tiny_run(tmp_path / str(load), '--train_steps=3', '--warmup_iters=10')
-            assert p.returncode == 0, p.stderr
-            assert ('note: torch uses 2 threads, but only ~0.4 of' in p.stdout) == note, p.stdout
-            assert 'OMP_NUM_THREADS=1' in p.stdout if note else 'OMP_NUM_THREADS' not in p.stdout
-            assert p.stderr == 'warning: train_steps (3) ends inside the lr warm-up (warmup_iters=10): the lr never ' \
-                               'reaches its peak 0.003\n'
-    finally:
-        torch.set_num_threads(threads)
+def test_a_run_inside_its_warm_up_is_told(tmp_path):
+    p = tiny_run(tmp_path, '--train_steps=3', '--warmup_iters=10')
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == 'warning: train_steps (3) ends inside the lr warm-up (warmup_iters=10): the lr never ' \
+                       'reaches its peak 0.003\n'
 
 
 def test_nan_weights_are_never_saved(tmp_path):

@@ -14,7 +14,6 @@ catch_signals()  # first: from here on Ctrl-C or SIGTERM ends the run with one l
 import dataclasses
 import math
 import os
-import re
 import statistics
 import sys
 import time
@@ -183,26 +182,17 @@ if ckpt is not None:
         scaler.load_state_dict(ckpt['scaler'])
 start_step = run.step
 
-# MFU on CUDA: peak dense tensor FLOP/s per GPU as (bf16/fp16, tf32); shown only for the GPUs listed here
-GPU_PEAK_FLOPS = [(r'H100.*PCIe', 756e12, 378e12), (r'H100|H200|GH200', 989e12, 495e12), (r'A100', 312e12, 156e12),
-                  (r'L40S', 362e12, 183e12), (r'\bL40\b', 181e12, 90.5e12), (r'\bL4\b', 121e12, 60e12),
-                  (r'A6000', 155e12, 77e12), (r'RTX 4090', 165e12, 83e12), (r'RTX 3090', 71e12, 36e12),
-                  (r'V100', 125e12, None), (r'\bT4\b', 65e12, None)]
+# MFU on CUDA, against an H100 SXM's (or H200's) dense bf16 peak: on other GPUs a figure to compare runs by
 gpu = torch.cuda.get_device_name(device) if device_type == 'cuda' else None
-peak_flops = next(((tf32 if dtype == 'float32' else half) for pattern, half, tf32 in GPU_PEAK_FLOPS
-                   if gpu and re.search(pattern, gpu)), None)
+peak_flops = 989e12 if gpu else None
 flops_per_step = raw_model.flops_per_token() * tokens_per_step
 
 if master:  # the header first: a slow start (compiling, or hardware too slow for the config) is never silent
-    mfu_txt = f" | {gpu}, MFU of {peak_flops / 1e12:.0f} TFLOP/s" if peak_flops else f" | {gpu}: no MFU" if gpu else ""
+    mfu_txt = f" | {gpu}, MFU of 989 TFLOP/s" if gpu else ""
     print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
           f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
           f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} of {os.path.join(data_dir, dataset)} | "
           f"{world_size} process(es), {device}, {dtype}, compile {'on' if compile else 'off'}{mfu_txt}", flush=True)
-    threads, idle = torch.get_num_threads(), os.cpu_count() - os.getloadavg()[0]
-    if device_type == 'cpu' and threads > 1 and threads > idle + 0.5:  # threads that wait on each other
-        print(f"note: torch uses {threads} threads, but only ~{max(idle, 0):.1f} of this machine's cores are idle: "
-              f"if the steps are slow, run with OMP_NUM_THREADS=1 (docs/training.md, The CPU presets)", flush=True)
     if ckpt is not None:
         print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
               f"(best val loss {run.best_val_loss:.4f})", flush=True)
@@ -218,22 +208,9 @@ if master:  # the header first: a slow start (compiling, or hardware too slow fo
 
 if compile and start_step < train_steps:  # (a finished run takes no step)
     if master:
-        print("compiling the model with torch.compile: about a minute (--compile=False skips it)", flush=True)
-    t0 = time.time()
-    model = torch.compile(model)
-    try:  # compile now, on one batch: a compiler failure falls back to eager mode, and the step times exclude it
-        with autocast:
-            loss = model(X0, Y0)[1]
-        scaler.scale(loss).backward()
-        if master:
-            print(f"compiled in {time.time() - t0:.1f} s", flush=True)
-    except Exception as e:
-        torch._dynamo.reset()
-        model = raw_model
-        if master:
-            print(f"warning: torch.compile failed ({first_line(e)}); training in eager mode "
-                  f"(--compile=False skips the attempt)", file=sys.stderr, flush=True)
-    optimizer.zero_grad(set_to_none=True)
+        print("compiling the model with torch.compile in the first step: about a minute (--compile=False skips "
+              "it)", flush=True)
+    model = torch.compile(model)  # compiles in the first step (and the first estimate)
 eval_model = model  # rank 0 evaluates without the DDP wrapper
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
