@@ -965,6 +965,36 @@ def test_orphaned_ddp_workers_stop(tmp_path):
         torchrun.wait()
 
 
+def test_a_lost_ddp_rank_is_one_line(tmp_path):
+    """After a kill -9 of one DDP rank the other says in one line which rank it lost and how to go on,
+    instead of gloo's traceback (torchrun's own report follows it)."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'ddp')
+    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                                 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', '--train_steps=100000',
+                                 '--est_interval=5', '--log_interval=1000', f'--out_dir={out}'],
+                                cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
+                                              and sum(r['type'] == 'step' for r in read_log(out)) >= 6):
+            assert torchrun.poll() is None, 'torchrun ended early: ' + torchrun.stderr.read()
+            time.sleep(0.1)
+        rank1 = [pid for pid in children(torchrun.pid)
+                 if 'RANK=1' in open(f'/proc/{pid}/environ').read().split('\0')]
+        os.kill(rank1[0], signal.SIGKILL)
+        err = torchrun.communicate(timeout=60)[1]
+    finally:
+        if torchrun.poll() is None:
+            torchrun.kill()
+    ours = [line for line in err.splitlines() if line.startswith('error: ')]
+    assert len(ours) == 1 and re.fullmatch(rf"error: rank 0: DDP lost rank 1 at step \d+; the last checkpoint, "
+                                           rf"{re.escape(out)}/ckpt_last.pt, is from step {load_ckpt(out)['step']}: "
+                                           rf"continue with the same torchrun command and --init_from=resume",
+                                           ours[0]), err
+    assert 'GLHF' not in err and '[rank0]' not in err, err
+
+
 def free_port():
     import socket
     with socket.socket() as s:
