@@ -1,7 +1,7 @@
 """
-A run's out_dir, kept safe for train.py (docs/robustness.md): the lock (one run at a time; a scratch run never
-replaces one by accident), log.jsonl, summary.json, the checkpoint saves and the stops on a NaN. Every file but
-the append-only log is written to NAME.tmp and renamed (checkpoint.replace): a kill leaves the old or the new.
+A run's out_dir, kept safe for train.py (docs/robustness.md): the lock (one run at a time; a scratch
+run never replaces one by accident), log.jsonl, summary.json, the saves and the stops on a NaN. Each
+file but the append-only log is written to NAME.tmp and renamed: a kill leaves the old or the new.
 """
 import fcntl
 import json
@@ -19,18 +19,19 @@ from configurator import die
 
 
 def provenance(threads):
-    """Where a run runs: the git commit (and whether the tree had changes), the software, the hardware."""
+    """Where a run runs: the git commit (and if the tree changed), the software, the hardware."""
     def git(*args):
         try:
             return subprocess.run(['git', *args], capture_output=True, text=True, timeout=10,
-                                  cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or None
+                                  cwd=os.path.dirname(__file__) or '.').stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             return None
     commit = git('rev-parse', 'HEAD')
     cpu = platform.processor() or platform.machine()
     try:
         with open('/proc/cpuinfo') as f:
-            cpu = next((line.split(':', 1)[1].strip() for line in f if line.startswith('model name')), cpu)
+            names = [ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name')]
+            cpu = names[0] if names else cpu
     except OSError:
         pass
     changed = bool(git('status', '--porcelain', '--untracked-files=no')) if commit else None
@@ -44,16 +45,18 @@ def duration(s):
 
 class RunDir:
     def __init__(self, out_dir, ckpt=None, overwrite=False, master=True):
-        """ckpt: the checkpoint a resume starts from, None for a scratch run. Only rank 0 (master) writes."""
+        """ckpt: the checkpoint a resume starts from (None: a scratch run). Only rank 0 writes."""
         self.dir, self.master, self.started = out_dir, master, None
         self.saving = threading.Lock()  # held while a checkpoint is written: a signal waits for it
-        c = ckpt or {'step': 0, 'best_val_loss': float('inf'), 'best_step': None, 'last_est': {}, 'elapsed': 0.0}
-        self.step, self.best_val_loss, self.best_step = c['step'], c['best_val_loss'], c['best_step']
+        c = ckpt or {'step': 0, 'best_val_loss': float('inf'), 'best_step': None, 'last_est': {},
+                     'elapsed': 0.0}
+        self.step, self.best_step = c['step'], c['best_step']
+        self.best_val_loss = c['best_val_loss']
         self.last_est, self.elapsed_before = c['last_est'], c['elapsed']
         self.saved_step = ckpt['step'] if ckpt else None
         self.saved_tokens = c.get('tokens')  # tokens seen, whatever the batch was before
         self.whole = {}  # the last and the best model's ce on all of val.bin, at the end
-        configurator.stopping = self  # a signal names this run; before the lock: a previous one lets go of its
+        configurator.stopping = self  # what a signal names; a previous RunDir lets go of its lock
         if master:
             self._claim(ckpt is None, overwrite)
 
@@ -70,21 +73,23 @@ class RunDir:
             fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self.lock.seek(0)
-            die(f"{self.dir} is in use by another train.py (pid {self.lock.read().strip() or '?'}): "
-                f"one run per out_dir at a time")
+            pid = self.lock.read().strip() or '?'
+            die(f"{self.dir} is in use by another train.py (pid {pid}): one run per out_dir at "
+                f"a time")
         self.lock.truncate(0)
         self.lock.write(f"{os.getpid()}\n")
         self.lock.flush()
         log = self.path('log.jsonl')
         if scratch and not overwrite and os.path.exists(self.path('ckpt_last.pt')):
-            die(f"{self.dir} already holds a run (ckpt_last.pt): continue it with --init_from=resume, "
-                f"or start over and replace it with --overwrite=True")
+            die(f"{self.dir} already holds a run (ckpt_last.pt): continue it with "
+                f"--init_from=resume, or start over and replace it with --overwrite=True")
         if scratch and not overwrite and os.path.exists(log):
-            with open(log, 'rb') as f:  # a log with steps but no checkpoint: someone deleted it, ask
+            with open(log, 'rb') as f:  # steps but no checkpoint: someone deleted it, so ask
                 if b'"type": "step"' in f.read():
                     die(f"{self.dir} already holds a run (log.jsonl) with no checkpoint to resume: "
                         f"start over and replace it with --overwrite=True")
-            print(f"{self.dir} holds a run stopped before its first checkpoint: starting it over", flush=True)
+            print(f"{self.dir} holds a run stopped before its first checkpoint: starting it over",
+                  flush=True)
         stale = ['ckpt_last.pt.tmp', 'ckpt_best.pt.tmp', 'summary.json.tmp']  # a killed run's
         if scratch:  # the old run goes now, so a kill before the first save mixes nothing
             stale += ['ckpt_last.pt', 'ckpt_best.pt', 'summary.json', 'log.jsonl']
@@ -99,11 +104,12 @@ class RunDir:
                     print(f"log.jsonl: dropped its torn last line ({torn} bytes)", flush=True)
 
     def start(self, train_steps, tokens_per_step, **facts):
-        """Start the clock and the log: a 'start' record, or a 'resume' record whose later records supersede
-        those of the same or a later step; facts go into every summary.json. A resume redoes what a kill right
-        after the last save cut off (the ckpt_best.pt link, summary.json)."""
+        """Start the clock and the log: a 'start' record, or a 'resume' record whose later records
+        supersede those of the same or a later step; facts go into every summary.json. A resume
+        redoes what a kill just after the last save cut off: the link ckpt_best.pt, summary.json."""
         self.train_steps, self.tokens_per_step, self.facts = train_steps, tokens_per_step, facts
-        self.start_step, self.start_tokens = self.step, self.saved_tokens or self.step * tokens_per_step
+        self.start_step = self.step
+        self.start_tokens = self.saved_tokens or self.step * tokens_per_step
         self.started = time.time()
         if self.master:
             resume = self.saved_step is not None
@@ -125,7 +131,7 @@ class RunDir:
 
     def log(self, rec):
         try:
-            self.log_file.write((json.dumps(rec) + '\n').encode())  # unbuffered: one write() per record
+            self.log_file.write((json.dumps(rec) + '\n').encode())  # unbuffered: one write() each
         except OSError as e:
             die(f"{write_error(self.log_file.name, e)}; stopped at step {rec['step']}: "
                 f"{self.last_saved(advice=False)}")
@@ -155,8 +161,8 @@ class RunDir:
         self.summary(step)
 
     def save(self, step, ckpt, best=False):
-        """ckpt_last.pt, and ckpt_best.pt a hard link to it if best; non-finite weights or Adam moments (an
-        update that overflowed, whatever the loss said) stop the run instead of replacing a good checkpoint."""
+        """ckpt_last.pt, and ckpt_best.pt a hard link to it if best. Non-finite weights or Adam
+        moments (an overflowing update, whatever the loss) stop the run, not a good checkpoint."""
         self.check_finite(step, [*ckpt['model'].items(), *(
             (f"optimizer state {k} of parameter {i}", v)
             for i, s in ckpt['optimizer']['state'].items() for k, v in s.items())])
@@ -170,28 +176,32 @@ class RunDir:
     def _write(self, step, write, *args):
         try:
             write(*args)
-        except CheckpointError as e:  # a full disk, a read-only out_dir: the last checkpoint is intact
+        except CheckpointError as e:  # a full disk, a read-only out_dir: the last one is intact
             die(f"{e}; stopped at step {step}: {self.last_saved()}")
 
     def summary(self, step, status=None):
         device = self.facts['device']
         best = self.best_val_loss if self.best_val_loss < float('inf') else None
-        summary = {'status': status or ('finished' if step >= self.train_steps else 'running'), 'step': step,
-                   'train_steps': self.train_steps, 'final_train_loss': self.last_est.get('train'),
+        cuda = device.startswith('cuda')
+        gpu_mib = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
+        summary = {'status': status or ('finished' if step >= self.train_steps else 'running'),
+                   'step': step, 'train_steps': self.train_steps,
+                   'final_train_loss': self.last_est.get('train'),
                    'final_val_loss': self.last_est.get('val'), 'best_val_loss': best,
-                   'tokens_seen': self.tokens(step), 'epochs': round(self.epochs(step), 4), **self.whole,
-                   'wall_time_s': round(self.elapsed(), 1), **self.facts, 'peak_gpu_memory_mib':
-                   round(torch.cuda.max_memory_allocated(device) / 2 ** 20) if device.startswith('cuda') else None}
+                   'tokens_seen': self.tokens(step), 'epochs': round(self.epochs(step), 4),
+                   **self.whole,
+                   'wall_time_s': round(self.elapsed(), 1), **self.facts,
+                   'peak_gpu_memory_mib': None if gpu_mib is None else round(gpu_mib)}
         self._write(step, atomic_write, self.path('summary.json'),
                     lambda f: f.write(json.dumps(summary, indent=2).encode()))
 
     def check_finite(self, step, named):
-        """A NaN or an inf among named (numbers or tensors) stops the run on every rank, without saving: so
-        ckpt_last.pt stays the last good one."""
+        """A NaN or an inf among named (numbers or tensors) stops the run on every rank, without
+        saving: ckpt_last.pt stays the last good one."""
         bad = nonfinite(named)
         if not bad:
             return
-        reason = f"{bad[0]} is not finite" + (f" ({len(bad)} of {len(named)})" if len(named) > 1 else "")
+        reason = f"{bad[0]} is not finite" + (f" ({len(bad)} of {len(named)})" * (len(named) > 1))
         if self.master:
             self.log({'type': 'stop', 'step': step, 'reason': reason})
             self.summary(step, 'stopped: ' + reason)
@@ -200,6 +210,7 @@ class RunDir:
     def last_saved(self, advice=True):
         """The last checkpoint (or none yet), and with advice how to go on from it."""
         if self.saved_step is None:
-            return "no checkpoint was saved yet" + (" (the same command starts the run over)" if advice else "")
+            advice = advice * " (the same command starts the run over)"
+            return "no checkpoint was saved yet" + advice
         return (f"the last checkpoint, {self.path('ckpt_last.pt')}, is from step {self.saved_step}"
                 + (f": continue with --init_from=resume --out_dir={self.dir}" if advice else ""))
