@@ -34,6 +34,7 @@ import time
 
 import torch
 
+from checkpoint import atomic_write
 from configurator import ConfigError, collect_defaults, die, load_config, resolve_device
 from model import ModelConfig, build_model
 
@@ -528,8 +529,5 @@ if __name__ == "__main__":
         results.setdefault("section_seconds", {})[section] = round(time.time() - t0, 1)
         print(f"  ({section}: {time.time() - t0:.0f} s)", flush=True)
     results["seconds"] = time.time() - t_start
-    tmp = out_json + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(tmp, out_json)
+    atomic_write(out_json, lambda f: f.write(json.dumps(results, indent=1).encode()))
     print(f"done in {results['seconds']:.0f} s; figures in {out_json}")
