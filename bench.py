@@ -1,11 +1,11 @@
 """
 Speed and memory of the whole pipeline, measured on this machine:
-  1. training steps: GPT and AED at matched size, eager and compiled, against a nanoGPT-style step
+  1. training steps: GPT and AED at matched size, eager and compiled
   2. generation: without the KV cache, with it, and with it and the compiled one-token step
   3. data loading from the memmap, as a share of a training step (read from train.py's own log)
   4. prepare.py's tokenization against tiktoken's encode_ordinary_batch with all cores
-  5. peak memory of a training step, with and without the full (B, T, vocab) logits
-  6. (params, only when asked for) parameters and FLOPs per token of every config/ file, built on the meta device
+  5. peak memory of a training step
+  6. (params, only when asked for) parameters and FLOPs per token of each config/ file (meta device)
   7. (step, only when asked for) the author's training step in variants side by side: the whole step as one
      compiled graph or with the cumulative mean outside it, wte padded to 64 rows or not, and the same sequences a
      step in different numbers of micro-batches (made for a GPU; see bench_step)
@@ -38,6 +38,7 @@ import time
 
 import torch
 
+from checkpoint import atomic_write
 from configurator import ConfigError, collect_defaults, die, load_config, resolve_device, train_defaults
 from model import ModelConfig, build_model
 
@@ -115,7 +116,7 @@ def matmul_peak():
     return 2 * n ** 3 / best
 
 
-def train_step_fn(model_kwargs, batch_size, full_logits=False, compiled=False):
+def train_step_fn(model_kwargs, batch_size, compiled=False):
     """A closure running one optimizer step as train.py does (forward, backward, AdamW step)."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(**model_kwargs)).to(device)
@@ -129,7 +130,7 @@ def train_step_fn(model_kwargs, batch_size, full_logits=False, compiled=False):
 
     def step():
         with autocast():
-            _, loss = model(x, y, return_logits=full_logits)  # full logits + F.cross_entropy: nanoGPT's way
+            _, loss = model(x, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -165,13 +166,11 @@ def bench_train():
         print(f"  AED/GPT {name} {tag}: time ratio {ratio['time_ratio_aed_over_gpt']:.2f}, "
               f"FLOPs ratio {ratio['flops_ratio_aed_over_gpt']:.2f}", flush=True)
 
-    # (a) the nanoGPT reference config: its computation (full logits), ours eager, ours compiled; and the small
-    # AED, eager and compiled, against ours (the small pair's GPT is ours on this config): all in one
-    # interleaved group, so each model is built and compiled once
+    # (a) the nanoGPT reference config, eager and compiled; and the small AED, eager and compiled, against it
+    # (the small pair's GPT is ours on this config): all in one interleaved group, each model built once
     print("training, nanoGPT's reference config (4 x 128, 4 heads, batch 16 x 128) and the small AED (2 + 2 x 128):",
           flush=True)
-    variants = {"nanoGPT-style step (full logits)": (NANOGPT_REF, dict(full_logits=True)),
-                "ours, eager": (NANOGPT_REF, {}), "ours, torch.compile": (NANOGPT_REF, dict(compiled=True)),
+    variants = {"ours, eager": (NANOGPT_REF, {}), "ours, torch.compile": (NANOGPT_REF, dict(compiled=True)),
                 "AED small eager": (SMALL_AED, {}), "AED small compiled": (SMALL_AED, dict(compiled=True))}
     if quick:
         del variants["ours, torch.compile"], variants["AED small compiled"]
@@ -180,10 +179,6 @@ def bench_train():
         fns[label], raws[label] = train_step_fn(kw, 16, **opts)
     for label, s in interleaved(fns, repeats).items():
         record(label, variants[label][0], 16, s, raws[label])
-    ref = rows[0]["tokens_per_s"]
-    for r in rows:
-        if r["run"].startswith("ours"):
-            r["speedup_vs_nanogpt_style"] = r["tokens_per_s"] / ref
     for tag, ours in (("eager", "ours, eager"), ("compiled", "ours, torch.compile")):
         if ours in fns:  # the small pair's GPT: the same model, step and timings as ours on the reference config
             rows.append(dict(next(r for r in rows if r["run"] == ours), run=f"GPT small {tag}"))
@@ -214,7 +209,7 @@ def step_variants(kw, compiled):
 
 def author_step_fn(model_kwargs, n_sequences, n_micro, compiled, mean_outside_graph=False):
     """One optimizer step as train.py runs it on this device: n_sequences sequences in n_micro micro-batches, each
-    loss / n_micro, the gradients accumulated; full logits and bf16 autocast on CUDA, the chunked loss on CPU."""
+    loss / n_micro, the gradients accumulated; bf16 autocast on CUDA."""
     torch.manual_seed(0)
     raw = build_model(ModelConfig(**model_kwargs)).to(device)
     if mean_outside_graph:
@@ -228,7 +223,7 @@ def author_step_fn(model_kwargs, n_sequences, n_micro, compiled, mean_outside_gr
     def step():
         for xs, ys in zip(x, y):
             with autocast():
-                _, loss = model(xs, ys, return_logits=device_type == "cuda")
+                _, loss = model(xs, ys)
             (loss / n_micro).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -469,13 +464,13 @@ def bench_prepare():
           f"prepare.py peak RSS {row['prepare_peak_rss_mb']:.0f} MB", flush=True)
 
 
-def _memory_probe(kwargs, batch_size, full_logits, queue):
+def _memory_probe(kwargs, batch_size, queue):
     # runs in a fresh process, forked from a server process that has only imported this file (and so torch):
     # its peak RSS above the memory held before the step is this step's alone
     global device, device_type
     device = device_type = "cpu"
     torch.set_num_threads(1)
-    step, _ = train_step_fn(kwargs, batch_size, full_logits=full_logits)
+    step, _ = train_step_fn(kwargs, batch_size)
     before = proc_status_mb("VmRSS")  # the model, optimizer and batch are in memory; the step's peak is extra
     step()
     step()
@@ -498,31 +493,24 @@ def bench_memory():
     for name, kw, bs in configs:
         row = {"model": name, "batch": f"{bs}x{kw['context_size']}"}
         if device_type == "cuda":
-            for full_logits in (False, True):
-                step, _ = train_step_fn(kw, bs, full_logits=full_logits)
-                step()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                step()
-                row["full_logits_mb" if full_logits else "chunked_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-        else:
-            # the two probes run side by side, one thread each: peak RSS is per process, and nothing here is timed
+            step, _ = train_step_fn(kw, bs)
+            step()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            step()
+            row["step_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        else:  # a fresh process, one thread: peak RSS is per process (forked from a server that imported torch)
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["__main__"])  # the server imports torch once; each probe forks from it
-            probes = []
-            for full_logits in (False, True):
-                queue = ctx.Queue()
-                p = ctx.Process(target=_memory_probe, args=(kw, bs, full_logits, queue))
-                p.start()
-                probes.append((full_logits, p, queue))
-            for full_logits, p, queue in probes:
-                p.join()
-                if p.exitcode != 0:
-                    die(f"the memory probe for {name} failed (exit code {p.exitcode})")
-                row["full_logits_mb" if full_logits else "chunked_mb"] = queue.get()
+            ctx.set_forkserver_preload(["__main__"])
+            queue = ctx.Queue()
+            p = ctx.Process(target=_memory_probe, args=(kw, bs, queue))
+            p.start()
+            p.join()
+            if p.exitcode != 0:
+                die(f"the memory probe for {name} failed (exit code {p.exitcode})")
+            row["step_mb"] = queue.get()
         rows.append(row)
-        print(f"  {name} ({row['batch']}): step peak {row['chunked_mb']:.0f} MB, "
-              f"{row['full_logits_mb']:.0f} MB with the full logits", flush=True)
+        print(f"  {name} ({row['batch']}): step peak {row['step_mb']:.0f} MB", flush=True)
     results["memory"] = rows
 
 
@@ -568,8 +556,5 @@ if __name__ == "__main__":
         results.setdefault("section_seconds", {})[section] = round(time.time() - t0, 1)
         print(f"  ({section}: {time.time() - t0:.0f} s)", flush=True)
     results["seconds"] = time.time() - t_start
-    tmp = out_json + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(tmp, out_json)
+    atomic_write(out_json, lambda f: f.write(json.dumps(results, indent=1).encode()))
     print(f"done in {results['seconds']:.0f} s; figures in {out_json}")

