@@ -234,7 +234,8 @@ def train_defaults():
     from model import ModelConfig
     with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")) as f:
         head = f.read().split("\n# " + "-" * 77 + "\n")[1]
-    ns = {"dataclasses": dataclasses, "ModelConfig": ModelConfig, "collect_defaults": collect_defaults}
+    ns = {"dataclasses": dataclasses, "ModelConfig": ModelConfig,
+          "collect_defaults": collect_defaults}
     exec(head, ns)
     return ns["DEFAULTS"]
 

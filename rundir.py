@@ -20,8 +20,9 @@ from configurator import die
 
 
 def provenance():
-    """Where a run runs: the git commit (and if the tree changed), the software, the hardware: enough
-    to tell apart two runs of one config whose numbers differ (docs/training.md, What reproduces)."""
+    """Where a run runs: the git commit (and if the tree changed), the software, the hardware:
+    enough to tell apart two runs of one config whose numbers differ (docs/training.md, What
+    reproduces)."""
     def git(*args):
         try:
             return subprocess.run(['git', *args], capture_output=True, text=True, timeout=10,
