@@ -125,7 +125,7 @@ report() {  # tables and charts over the runs finished so far
         echo "Data-constrained CPU runs (experiments/cpu_data_constrained.sh): ${#done[@]} of ${#RUNS[@]} runs finished;"
         echo "$TRAIN_TOKENS training tokens, $STEPS steps of 8 x 128 tokens, estimates every $EST_INTERVAL steps."
         echo
-        python report.py "${done[@]}" "${compare[@]}" --svg="$RES.svg" --x=epochs \
+        python experiments/report.py "${done[@]}" "${compare[@]}" --svg="$RES.svg" --x=epochs \
             --title="val loss, $TRAIN_TOKENS training tokens (${#done[@]} of ${#RUNS[@]} runs)"
     } > "$RES.md.tmp"
     mv "$RES.md.tmp" "$RES.md"
@@ -148,7 +148,7 @@ report() {  # tables and charts over the runs finished so far
             echo "The regularised study (experiments/cpu_data_constrained.sh): dropout 0.2 and an embedding loss that"
             echo "cannot collapse (embedding_ln_affine=False), against the key pair; ${#reg[@]} runs finished."
             echo
-            python report.py "${reg[@]}" --diag=True --x=epochs --svg="${RES}_regularised.svg" \
+            python experiments/report.py "${reg[@]}" --diag=True --x=epochs --svg="${RES}_regularised.svg" \
                 ${pairs[@]+"--compare=$(IFS=';'; echo "${pairs[*]}")"} \
                 --title="val loss, regularised runs and the key pair (${#reg[@]} runs)"
         } > "${RES}_regularised.md.tmp"
@@ -174,14 +174,14 @@ report() {  # tables and charts over the runs finished so far
             echo "a GPT with the AED's non-embedding parameters, dropout 0.1, the non-collapsing loss at coefficient 1,"
             echo "and the author's depth; ${#conf[@]} runs here."
             echo
-            python report.py "${conf[@]}" --x=epochs --svg="${RES}_confounds.svg" \
+            python experiments/report.py "${conf[@]}" --x=epochs --svg="${RES}_confounds.svg" \
                 "--compare=$(IFS=';'; echo "${cpairs[*]}")" \
                 --title="val loss, the confounds and objections (${#conf[@]} runs)"
         } > "${RES}_confounds.md.tmp"
         mv "${RES}_confounds.md.tmp" "${RES}_confounds.md"
     fi
     if [ ${#pair[@]} -gt 0 ]; then
-        python report.py "${pair[@]}" --svg="${RES}_pair.svg" --x=epochs --train=True \
+        python experiments/report.py "${pair[@]}" --svg="${RES}_pair.svg" --x=epochs --train=True \
             --title="aed_mse_possub vs baseline: val (solid) and train (dashed)" > /dev/null
     fi
 }

@@ -55,7 +55,7 @@ run gpt_possub cpu_baseline --sub_pos_embed_to_decoder=YES_NO_LN
 run aed_3enc_1dec cpu_aed_mse_possub --n_layer=3 --n_decoder_layer=1
 echo "=== all runs done in $(( ($(date +%s) - start) / 60 )) min"
 
-python report.py $OUT/aed_cosine $OUT/aed_mse $OUT/aed_plain $OUT/aed_possub \
+python experiments/report.py $OUT/aed_cosine $OUT/aed_mse $OUT/aed_plain $OUT/aed_possub \
     $OUT/aed_mse_possub $OUT/aed_mse_possub_seed2 $OUT/baseline $OUT/baseline_seed2 \
     $OUT/baseline_small $OUT/baseline_dropout $OUT/gpt_possub $OUT/aed_3enc_1dec \
     --compare=aed_mse_possub,baseline --md=experiments/results.md --svg=experiments/results.svg

@@ -54,7 +54,7 @@ report() {
         echo
         local compare=()
         [ -d "$RES/baseline" ] && [ -d "$RES/aed_mse_possub" ] && compare=(--compare=aed_mse_possub,baseline)
-        python report.py "${done[@]}" "${compare[@]}" --svg="$RES.svg" --x=epochs --train=True --speed \
+        python experiments/report.py "${done[@]}" "${compare[@]}" --svg="$RES.svg" --x=epochs --train=True --speed \
             --title="the author's configs on one GPU, $STEPS steps: val (solid) and train (dashed)"
     } > "$RES.md.tmp"
     mv "$RES.md.tmp" "$RES.md"

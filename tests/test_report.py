@@ -11,13 +11,13 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 PY = sys.executable
 SVG = '{http://www.w3.org/2000/svg}'
 
 
 def run_report(*args):
-    return subprocess.run([PY, 'report.py', *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([PY, 'experiments/report.py', *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
 
 

@@ -28,7 +28,7 @@ import torch
 from configurator import ConfigError, collect_defaults, load_config
 from conftest import train_defaults
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 PY = sys.executable
 
 # a tiny AED model (with the MSE embedding loss and the positional subtraction) on a tiny corpus
@@ -133,7 +133,7 @@ def test_config_file_include(tmp_path):
     ('sample.py', ['sample.py'], "  temperature = 0.8 .*# < 1 sharper, > 1 more random; 0 = greedy"),
     ('bench.py', ['bench.py'], "  quick = False .*# "),
     ('prepare.py', ['prepare.py'], "  eot = True .*# encode <\\|endoftext\\|>.*--no-eot"),
-    ('report.py', ['report.py'], "  svg = '' .*# write the chart here"),
+    ('experiments/report.py', ['experiments/report.py'], "  svg = '' .*# write the chart here"),
 ])
 def test_help(script, sources, line):
     """--help (or -h) prints the script's docstring and every key with its default and the comment beside it
@@ -164,6 +164,7 @@ def test_docs_references_lead_somewhere():
                        if line.startswith('#')] for name in os.listdir(os.path.join(ROOT, 'docs'))}
     files = [f for f in os.listdir(ROOT) if f.endswith('.py') and not f.startswith('test_')]
     files += ['config/' + f for f in os.listdir(os.path.join(ROOT, 'config'))]
+    files += ['experiments/report.py']
     for name in files:
         text = open(os.path.join(ROOT, name)).read()
         text = re.sub(r'\n\s*#?\s*', ' ', text)  # a reference may go on on the next line

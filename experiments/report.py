@@ -25,9 +25,10 @@ import statistics
 import sys
 from xml.sax.saxutils import escape
 
-from configurator import ConfigError, die, load_config
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
+sys.path.insert(0, ROOT)  # for configurator.py, when run as python experiments/report.py
+from configurator import ConfigError, die, load_config  # noqa: E402
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 # what the configs of one group's runs may differ in: the seed (it picks the members), and keys
 # that say where a run was written, how it was watched or how long a rank waits, none of which
 # changes a number (init_from neither: a resume is exact). Every other key counts, compile (the

@@ -24,7 +24,7 @@ import tokenizer
 from conftest import train_defaults
 
 EOT = "<|endoftext|>"
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 WORDS = ["the", "The", "cat", "état", "naïve", "1984", "3.14", "don't", "it's", "(a)", "—", "e.g.", "x²",
          "北京", "😀", "  ", "\t", "\u00a0", "\r\n", "\n", "\n\n", " \n", "...", "'s", "<|", "|>"]
 
