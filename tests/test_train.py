@@ -213,8 +213,17 @@ def test_cpu_runs_are_the_authors_runs_at_cpu_size():
     defaults = train_defaults()
     common = read_config_file(os.path.join(ROOT, 'config', 'cpu_common.py'), defaults)
     size = {'out_dir', 'n_embed', 'n_layer', 'n_head', 'cross_attn_n_head', 'context_size'}
-    names = [n[4:-3] for n in os.listdir(os.path.join(ROOT, 'config')) if n.startswith('cpu_') and n != 'cpu_common.py']
+    cpu_names = [n[4:-3] for n in os.listdir(os.path.join(ROOT, 'config'))
+                 if n.startswith('cpu_') and n != 'cpu_common.py']
+    names = [n for n in cpu_names if os.path.isfile(os.path.join(ROOT, 'config', f'{n}.py'))]
     assert len(names) == 8
+    # the studies' own shapes of a CPU run: only the size differs from the run they reshape
+    variants = {'baseline_matched': 'baseline', 'aed_deep': 'aed_mse_possub', 'baseline_deep': 'baseline'}
+    assert set(cpu_names) == set(names) | set(variants)
+    for name, base in variants.items():
+        a, b = (load_config(defaults, [os.path.join(ROOT, 'config', f'cpu_{n}.py')]) for n in (name, base))
+        assert {k for k in defaults if a[k] != b[k]} <= size, name
+        assert a['arch'] != 'aed' or a['cross_attn_n_head'] == 2 * a['n_head'], name
     for name in names:
         cpu, gpu = (load_config(defaults, [os.path.join(ROOT, 'config', f)]) for f in (f'cpu_{name}.py', f'{name}.py'))
         assert {k for k in defaults if cpu[k] != gpu[k]} - size <= set(common), name
