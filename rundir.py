@@ -20,7 +20,7 @@ from configurator import die
 
 
 def provenance():
-    """Where a run runs: the git commit (and if the tree changed), the software, the hardware:
+    """Where a run runs: the git commit (and if its .py files changed), the software, the hardware:
     enough to tell apart two runs of one config whose numbers differ (docs/training.md, What
     reproduces)."""
     def git(*args):
@@ -37,7 +37,9 @@ def provenance():
             cpu = names[0] if names else cpu
     except OSError:
         pass
-    changed = bool(git('status', '--porcelain', '--untracked-files=no')) if commit else None
+    # the code's files only: a study's script rewrites its committed tables as it goes
+    changed = bool(git('status', '--porcelain', '--untracked-files=no', '--', '*.py')) if commit \
+        else None
     return {'commit': commit, 'tree_changed': changed, 'python': platform.python_version(),
             'threads': torch.get_num_threads(), 'cpu': cpu,
             # the instruction set of torch's CPU kernels (AVX2, AVX512): it changes float sums
