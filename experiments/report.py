@@ -7,15 +7,15 @@ $ python report.py out-cpu-* --svg=experiments/results.svg --md=experiments/resu
 
 Options are --key=value after the run directories (python report.py --help lists them).
 
-Each run directory is what train.py writes: log.jsonl (one JSON record per line: 'start' or 'resume',
-'step', 'est', 'whole_val', 'stop') and summary.json. Train and val loss are the run's last estimate
-(eval-mode cross-entropy, as the author reported them); best val is the lowest val estimate and its
-step (an oracle early stop); whole val, the last and the best model's loss on all of val.bin. The
-embedding loss is the unweighted training-batch embedding loss of the last step. Runs that differ
-only in the seed are a group: the report gives each group's mean, sample standard deviation and
-min-max of the final and of the best val loss; --compare, A - B paired by seed, with a 95% interval.
-A key missing from a run's saved config (the run predates it) means its default, read from train.py
-and model.py. Uses only the standard library.
+Each run directory is what train.py writes: log.jsonl (one JSON record per line: 'start' or
+'resume', 'step', 'est', 'whole_val', 'stop') and summary.json. Train and val loss are the run's
+last estimate (eval-mode cross-entropy, as the author reported them); best val is the lowest val
+estimate and its step (an oracle early stop); whole val, the last and the best model's loss on all
+of val.bin. The embedding loss is the unweighted training-batch embedding loss of the last step.
+Runs that differ only in the seed are a group: the report gives each group's mean, sample standard
+deviation and min-max of the final and of the best val loss; --compare, A - B paired by seed, with a
+95% interval. A key missing from a run's saved config (the run predates it) means its default, read
+from train.py and model.py. Uses only the standard library.
 """
 import ast
 import json
@@ -33,8 +33,8 @@ from configurator import ConfigError, die, load_config  # noqa: E402
 # that say where a run was written, how it was watched or how long a rank waits, none of which
 # changes a number (init_from neither: a resume is exact). Every other key counts, compile (the
 # float order) and data_dir (the data) too; device and dtype as they resolved (config_key)
-SEED_ONLY_KEYS = ('seed', 'out_dir', 'init_from', 'overwrite', 'wandb_log', 'wandb_project', 'wandb_run_name',
-                  'log_interval', 'save_interval', 'ddp_timeout')
+SEED_ONLY_KEYS = ('seed', 'out_dir', 'init_from', 'overwrite', 'wandb_log', 'wandb_project',
+                  'wandb_run_name', 'log_interval', 'save_interval', 'ddp_timeout')
 
 # Tableau 10: distinct, readable on white, and still tellable apart by most colour-blind readers
 COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f',
@@ -52,13 +52,14 @@ OPTIONS = dict(
     title='',     # chart title ('' = a description of the curves)
     x='step',     # the chart's x axis: step, or epochs (passes over the training tokens)
     compare='',   # A,B: A - B paired by seed (A, B: a run, for its seed group); several: 'A,B;C,D'
-    diag=False,   # also a table of the embedding loss's diagnostics (train.py logs them at every estimate)
-    speed=False,  # also a table of each run's speed: median ms/step, tokens/s and MFU of its logged steps, peak memory
+    diag=False,   # also a table of the embedding loss's diagnostics (logged at every estimate)
+    speed=False,  # also a table of each run's speed: median ms/step, tokens/s and MFU; peak memory
 )
 
 
 def parse_args(argv):
-    dirs = [a for a in argv if not a.startswith('-')]  # configurator would read these as config files
+    # configurator would read these as config files
+    dirs = [a for a in argv if not a.startswith('-')]
     try:
         opts = load_config(OPTIONS, [a for a in argv if a.startswith('-')], sources=[__file__])
     except ConfigError as e:
@@ -74,7 +75,8 @@ def parse_args(argv):
             die(f"--compare takes pairs of names, A,B or A,B;C,D; got '{opts['compare']}'")
         opts['compare'] = pairs
     if not dirs:
-        die("no run directories given (usage: python report.py out-dir [out-dir ...] [--svg=PATH] [--md=PATH])")
+        die("no run directories given (usage: python experiments/report.py out-dir [out-dir ...] "
+            "[--svg=PATH] [--md=PATH])")
     return dirs, opts
 
 
@@ -133,7 +135,8 @@ def read_log(path):
                 break  # a run killed mid-write can leave a half line at the end
             raise ValueError(f"line {n} is not JSON") from None
         if rec.get('type') == 'resume':
-            records = [r for r in records if r['type'] in ('start', 'resume') or r['step'] <= rec['step']]
+            records = [r for r in records
+                       if r['type'] in ('start', 'resume') or r['step'] <= rec['step']]
         records.append(rec)
     return records
 
@@ -176,7 +179,8 @@ def load_run(run_dir):
         'seed': config.get('seed'),
         'curve': [(r['step'], r['train'], r['val']) for r in ests],  # (step, train, val)
         'epochs_at': [r['epochs'] for r in ests],
-        'diag': [(r['step'], r['emb_diag']) for r in ests if r.get('emb_diag')],  # the embedding loss's diagnostics
+        # the embedding loss's diagnostics
+        'diag': [(r['step'], r['emb_diag']) for r in ests if r.get('emb_diag')],
         'train': ests[-1]['train'], 'val': ests[-1]['val'],
         'best_val': min(r['val'] for r in ests),
         'best_step': min(ests, key=lambda r: r['val'])['step'],
@@ -187,8 +191,10 @@ def load_run(run_dir):
         'epochs': summary.get('epochs', last.get('epochs')),
         'wall': summary.get('wall_time_s', max(last.get('time', 0), ests[-1].get('time', 0))),
         'status': summary.get('status', 'no summary.json'),
-        'timed': [r for r in steps if r['step'] >= 2 and 'ms' in r],  # the first step pays for compiling and warm-up
-        'hardware': summary.get('gpu') or summary.get('device') or '?', 'dtype': summary.get('dtype', '?'),
+        # the first step pays for compiling and warm-up
+        'timed': [r for r in steps if r['step'] >= 2 and 'ms' in r],
+        'hardware': summary.get('gpu') or summary.get('device') or '?',
+        'dtype': summary.get('dtype', '?'),
         'compiled': summary.get('compiled'), 'peak_mib': summary.get('peak_gpu_memory_mib'),
         'whole_last': whole.get('whole_val_last'), 'whole_best': whole.get('whole_val_best'),
         'whole_tokens': whole.get('whole_val_tokens'),
@@ -211,8 +217,9 @@ def fmt_wall(s):
 
 def table(runs):
     whole = any(r['whole_last'] is not None for r in runs)  # the columns once a run has them
-    lines = ["| run | train loss | val loss | best val (step) | embedding loss | params | seed | steps | epochs | tokens "
-             "| wall time |" + (" whole val (last) | whole val (best) |" if whole else ""),
+    lines = ["| run | train loss | val loss | best val (step) | embedding loss | params | seed "
+             "| steps | epochs | tokens | wall time |"
+             + (" whole val (last) | whole val (best) |" if whole else ""),
              "|---" * (11 + 2 * whole) + "|"]
     for r in runs:
         name = r['name'] if r['status'] == 'finished' else f"{r['name']} ({r['status']})"
@@ -221,8 +228,10 @@ def table(runs):
         seed = str(r['seed']) if r['seed'] is not None else "?"
         epochs = f"{r['epochs']:.2f}" if r['epochs'] is not None else "?"
         more = f" {fmt_loss(r['whole_last'])} | {fmt_loss(r['whole_best'])} |" if whole else ""
-        lines.append(f"| {name} | {r['train']:.3f} | {r['val']:.3f} | {r['best_val']:.3f} ({r['best_step']:,}) | "
-                     f"{emb} | {params} | {seed} | {r['step']:,} | {epochs} | {fmt_tokens(r['tokens'])} | "
+        lines.append(f"| {name} | {r['train']:.3f} | {r['val']:.3f} | "
+                     f"{r['best_val']:.3f} ({r['best_step']:,}) | "
+                     f"{emb} | {params} | {seed} | {r['step']:,} | {epochs} | "
+                     f"{fmt_tokens(r['tokens'])} | "
                      f"{fmt_wall(r['wall'])} |" + more)
     lines += ["", "Best val is the lowest val estimate: an oracle early stop, picked on the "
                   "batches it is measured on."]
@@ -250,10 +259,12 @@ def speed_table(runs):
         def median(key):
             return statistics.median(x[key] for x in t)
         ms_tok = f"{median('ms'):,.0f} | {median('tok_s'):,.0f}" if t else "N/A | N/A"
-        mfu = f"{100 * median('mfu'):.1f}%" if t and all(x.get('mfu') is not None for x in t) else "N/A"
+        mfu = (f"{100 * median('mfu'):.1f}%" if t and all(x.get('mfu') is not None for x in t)
+               else "N/A")
         peak = f"{r['peak_mib']:,} MiB" if r['peak_mib'] is not None else "N/A"
         more = "".join(f" {r[k] or '-'} |" for k in ('commit', 'threads', 'cpu') if where)
-        lines.append(f"| {r['name']} | {r['hardware']} | {r['dtype']} | {'yes' if r['compiled'] else 'no'} | {len(t)} | "
+        lines.append(f"| {r['name']} | {r['hardware']} | {r['dtype']} | "
+                     f"{'yes' if r['compiled'] else 'no'} | {len(t)} | "
                      f"{ms_tok} | {mfu} | {peak} |" + more)
     return lines
 
@@ -366,13 +377,15 @@ def compare(runs, a, b):
 
 
 DIAG_COLUMNS = [('loss', 'loss', '.2e'), ('loss_no_affine', 'loss without LN affine', '.3f'),
-                ('ln_a_weight_rms', 'ln_a weight RMS', '.3f'), ('ln_b_weight_rms', 'ln_b weight RMS', '.3f'),
+                ('ln_a_weight_rms', 'ln_a weight RMS', '.3f'),
+                ('ln_b_weight_rms', 'ln_b weight RMS', '.3f'),
                 ('ln_bias_gap_rms', 'bias gap RMS', '.3f'), ('avg_spread', 'avg spread', '.3f'),
                 ('target_spread', 'target spread', '.3f'), ('cos_no_affine', 'cosine', '.3f')]
 
 
 def diag_table(runs, rows=8):
-    # the embedding loss's diagnostics at about `rows` of each run's estimates (the first, the last, evenly between)
+    # the embedding loss's diagnostics at about `rows` of each run's estimates (the first, the last,
+    # evenly between)
     lines = []
     for r in runs:
         if not r['diag']:
@@ -412,8 +425,10 @@ def fmt_tick(v, step):
 
 def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step'):
     if xaxis == 'epochs':
-        # the same curves against passes over the training tokens (train.py logs them with each estimate)
-        runs = [dict(r, curve=[(e, t, v) for e, (_, t, v) in zip(r['epochs_at'], r['curve'])]) for r in runs]
+        # the same curves against passes over the training tokens (train.py logs them with each
+        # estimate)
+        runs = [dict(r, curve=[(e, t, v) for e, (_, t, v) in zip(r['epochs_at'], r['curve'])])
+                for r in runs]
     W, H = 900, 480
     left, right, top, bottom = 70, 290, 40, 50  # plot margins; the legend sits on the right
     pw, ph = W - left - right, H - top - bottom
@@ -439,24 +454,34 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step')
     def py(loss):
         return top + ph * (hi - loss) / (hi - lo)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+           f'viewBox="0 0 {W} {H}" '
            f'font-family="sans-serif" font-size="12">',
            f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<defs><clipPath id="plot"><rect x="{left}" y="{top}" width="{pw}" height="{ph}"/></clipPath></defs>']
+           f'<defs><clipPath id="plot"><rect x="{left}" y="{top}" width="{pw}" height="{ph}"/>'
+           f'</clipPath></defs>']
     out.append(f'<text x="{left + pw / 2}" y="{top - 15}" text-anchor="middle" font-size="14">'
-               f'{escape(title or ("train and " if train else "") + "validation loss (eval-mode cross-entropy estimates)")}</text>')
+               + escape(title or ("train and " if train else "")
+                        + "validation loss (eval-mode cross-entropy estimates)")
+               + '</text>')
     # grid and ticks
     for t in xticks:
         x = px(t)
-        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + ph}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{x:.1f}" y="{top + ph + 18}" text-anchor="middle">{fmt_tick(t, xstep)}</text>')
+        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + ph}" '
+                   f'stroke="#e5e5e5"/>')
+        out.append(f'<text x="{x:.1f}" y="{top + ph + 18}" text-anchor="middle">'
+                   f'{fmt_tick(t, xstep)}</text>')
     for t in yticks:
         y = py(t)
-        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">{fmt_tick(t, ystep)}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{left + pw}" y2="{y:.1f}" '
+                   f'stroke="#e5e5e5"/>')
+        out.append(f'<text x="{left - 8}" y="{y + 4:.1f}" text-anchor="end">'
+                   f'{fmt_tick(t, ystep)}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" '
+               f'stroke="#333"/>')
     out.append(f'<text x="{left + pw / 2}" y="{H - 12}" text-anchor="middle">'
-               f'{"epochs (tokens seen / training tokens)" if xaxis == "epochs" else "step"}</text>')
+               f'{"epochs (tokens seen / training tokens)" if xaxis == "epochs" else "step"}'
+               f'</text>')
     out.append(f'<text transform="translate(18 {top + ph / 2}) rotate(-90)" text-anchor="middle">'
                f'{"loss (thick: val, thin dashed: train)" if train else "val loss"}</text>')
     # a colour per config; another seed of the same config gets its colour with a dash pattern
@@ -477,7 +502,8 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step')
     for r, (color, dash) in zip(runs, styles):
         series = [(2, dash)] + ([(1, '4,3')] if train else [])
         for col, dasharray in series:
-            d = ' '.join(f"{'M' if j == 0 else 'L'}{px(p[0]):.1f},{py(p[col]):.1f}" for j, p in enumerate(r['curve']))
+            d = ' '.join(f"{'M' if j == 0 else 'L'}{px(p[0]):.1f},{py(p[col]):.1f}"
+                         for j, p in enumerate(r['curve']))
             da = f' stroke-dasharray="{dasharray}"' if dasharray else ''
             width = 2 if col == 2 else 1.2
             out.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{width}"{da} '
@@ -490,9 +516,10 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step')
     for i, (r, (color, dash)) in enumerate(zip(runs, styles)):
         y = top + 10 + 20 * i
         da = f' stroke-dasharray="{dash}"' if dash else ''
-        out.append(f'<line x1="{left + pw + 15}" y1="{y}" x2="{left + pw + 40}" y2="{y}" stroke="{color}" '
-                   f'stroke-width="2"{da}/>')
-        out.append(f'<text x="{left + pw + 46}" y="{y + 4}">{escape(r["name"])} ({r["val"]:.3f})</text>')
+        out.append(f'<line x1="{left + pw + 15}" y1="{y}" x2="{left + pw + 40}" y2="{y}" '
+                   f'stroke="{color}" stroke-width="2"{da}/>')
+        out.append(f'<text x="{left + pw + 46}" y="{y + 4}">'
+                   f'{escape(r["name"])} ({r["val"]:.3f})</text>')
     out.append('</svg>')
     return '\n'.join(out) + '\n'
 
@@ -520,17 +547,20 @@ if __name__ == '__main__':
                + '\n'.join(groups) + '\n')
     if opts['compare']:
         md += ('\nDifference (negative: the first is lower):\n\n'
-               + '\n'.join(line for pair in opts['compare'] for line in compare(runs, *pair)) + '\n')
+               + '\n'.join(line for pair in opts['compare'] for line in compare(runs, *pair))
+               + '\n')
     if opts['diag'] and any(r['diag'] for r in runs):
-        md += ('\nThe embedding loss at the estimates (on one fixed training batch, without dropout; the LayerNorm '
-               'weights are 1 at init; spread: the std over positions, averaged over channels):\n'
+        md += ('\nThe embedding loss at the estimates (on one fixed training batch, without '
+               'dropout; the LayerNorm weights are 1 at init; spread: the std over positions, '
+               'averaged over channels):\n'
                + '\n'.join(diag_table(runs)) + '\n')
     if opts['speed']:
-        md += ('\nSpeed (medians over the logged steps after the first, which pays for compiling; train.py times a '
-               'step without the estimates):\n\n' + '\n'.join(speed_table(runs)) + '\n')
+        md += ('\nSpeed (medians over the logged steps after the first, which pays for compiling; '
+               'train.py times a step without the estimates):\n\n' + '\n'.join(speed_table(runs))
+               + '\n')
     print(md, end='')
     if opts['md']:
         write_atomic(opts['md'], md)
     if opts['svg']:
-        write_atomic(opts['svg'], svg_chart(runs, opts['train'], opts['ymin'], opts['ymax'], opts['title'],
-                                               opts['x']))
+        write_atomic(opts['svg'], svg_chart(runs, opts['train'], opts['ymin'], opts['ymax'],
+                                            opts['title'], opts['x']))
