@@ -2,10 +2,10 @@
 Turn training run directories into the author's results table (markdown) and a chart of the
 validation-loss curves (SVG, drawn by hand: no plotting library needed).
 
-$ python report.py out-cpu-*
-$ python report.py out-cpu-* --svg=experiments/results.svg --md=experiments/results.md
+$ python experiments/report.py out-cpu-*
+$ python experiments/report.py out-cpu-* --svg=experiments/results.svg --md=experiments/results.md
 
-Options are --key=value after the run directories (python report.py --help lists them).
+Options are --key=value after the run directories (python experiments/report.py --help lists them).
 
 Each run directory is what train.py writes: log.jsonl (one JSON record per line: 'start' or
 'resume', 'step', 'est', 'whole_val', 'stop') and summary.json. Train and val loss are the run's
