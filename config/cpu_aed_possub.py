@@ -1,6 +1,6 @@
-# CPU version of the author's run aed_possub (config/aed_possub.py; docs/model.md, The author's runs):
-# AED with the positional embedding subtraction, no embedding loss.
-# The author's run, 9000 steps on one A100: train 2.979, val 3.381.
+# CPU version of the author's run aed_possub (config/aed_possub.py; docs/model.md, The author's
+# runs): AED with the positional embedding subtraction, no embedding loss. The author's run, 9000
+# steps on one A100: train 2.979, val 3.381.
 # $ python train.py config/cpu_aed_possub.py    (all eight CPU runs: bash experiments/cpu_runs.sh)
 include('aed_possub.py')  # the author's run: its model options
 include('cpu_common.py')  # the CPU runs' training settings, and context 128

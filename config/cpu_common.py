@@ -1,10 +1,11 @@
-# What the eight CPU runs (config/cpu_*.py) share; each includes this file after the author's run it mirrors.
-# Not a run of its own. Every key not set here or in the run's file is train.py's default.
+# What the eight CPU runs (config/cpu_*.py) share; each includes this file after the author's run it
+# mirrors. Not a run of its own. Every key not set here or in the run's file is train.py's default.
 device = 'cpu'
 dtype = 'float32'
-compile = False  # no faster than eager on this CPU, and compiling costs 18-27 s (docs/performance.md)
-# a short run: small batches (more steps per token: measured better for the AED model here), a higher lr,
-# a short warm-up and a cosine decay to min_lr by the last step
+# no faster than eager on this CPU, and compiling costs 18-27 s (docs/performance.md)
+compile = False
+# a short run: small batches (more steps per token: measured better for the AED model here), a
+# higher lr, a short warm-up and a cosine decay to min_lr by the last step
 batch_size = 8
 gradient_accumulation_steps = 1
 lr = 2e-3

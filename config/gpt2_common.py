@@ -1,5 +1,5 @@
-# What the GPT-2-size pair (config/baseline_gpt2.py, config/aed_gpt2.py) shares; each includes this file.
-# Not a run of its own. See config/baseline_gpt2.py for why these values.
+# What the GPT-2-size pair (config/baseline_gpt2.py, config/aed_gpt2.py) shares; each includes this
+# file. Not a run of its own. See config/baseline_gpt2.py for why these values.
 batch_size = 12
 gradient_accumulation_steps = 40  # the global count: 5 per GPU on 8 GPUs
 lr = 6e-4
