@@ -6,22 +6,23 @@ Speed and memory of the whole pipeline, measured on this machine:
   4. prepare.py's tokenization against tiktoken's encode_ordinary_batch with all cores
   5. peak memory of a training step
   6. (params, only when asked for) parameters and FLOPs per token of each config/ file (meta device)
-  7. (step, only when asked for) the author's training step in variants side by side: the whole step as one
-     compiled graph or with the cumulative mean outside it, wte padded to 64 rows or not, and the same sequences a
-     step in different numbers of micro-batches (made for a GPU; see bench_step)
+  7. (step, only when asked for) the author's training step in variants side by side: the whole step
+     as one compiled graph or with the cumulative mean outside it, wte padded to 64 rows or not, and
+     the same sequences a step in different numbers of micro-batches
+     (made for a GPU; see bench_step)
 Prints a table and writes the figures as JSON (out_json).
 
     python bench.py                     # sections 1-5; docs/performance.md says how long, on what
-    python bench.py --sections=memory   # some sections only (train, generate, data, prepare, memory, step)
+    python bench.py --sections=memory   # some sections (train,generate,data,prepare,memory,step)
     python bench.py --quick             # about a minute
-    python bench.py --sections=step --micro_batches=16,4,1    # on a GPU: the author's step, three ways to split it
-    python bench.py --sections=params   # the configs' parameter counts and FLOPs per token (seconds, no timing)
+    python bench.py --sections=step --micro_batches=16,4,1  # on a GPU: the author's step, 3 splits
+    python bench.py --sections=params   # each config's params and FLOPs/token (seconds, no timing)
 
-Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of each in
-turn, and the median is reported, so their ratio is measured under the same conditions. Run it on an idle
-machine: with another process on one of the 2 cores, 2 OpenMP threads wait on each other and every figure
-can be many times worse. Uncached generation is timed at every 8th length (see uncached_lengths), and the
-memory probes fork from a server that imported torch once.
+Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of
+each in turn, and the median is reported, so their ratio is measured under the same conditions. Run
+it on an idle machine: with another process on one of the 2 cores, 2 OpenMP threads wait on each
+other and every figure can be many times worse. Uncached generation is timed at every 8th length
+(see uncached_lengths), and the memory probes fork from a server that imported torch once.
 """
 
 import dataclasses
@@ -39,30 +40,34 @@ import time
 import torch
 
 from checkpoint import atomic_write
-from configurator import ConfigError, collect_defaults, die, load_config, resolve_device, train_defaults
+from configurator import (ConfigError, collect_defaults, die, load_config, resolve_device,
+                          train_defaults)
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
 quick = False  # about a minute instead of about seven (small models only, no compiled variants)
 device = "auto"  # 'auto' (cuda if available), 'cpu', 'cuda'
-repeats = 0  # timed repetitions per measurement (generation: a third as many); 0: 3 with quick, else 5
+repeats = 0  # timed runs per measurement (generation: a third as many); 0: 3 with quick, else 5
 out_json = "bench.json"
-sections = "train,generate,data,prepare,memory"  # which parts to run, comma-separated (step: only when named)
-micro_batches = "auto"  # step: micro-batches a step's sequences are split into, e.g. 16,4,1; auto: 16,4,1 (CUDA), 2,1
-step_sequences = 0  # step: sequences a step; 0: the author's 800 (50 x 16) on CUDA, 4 on CPU (2 with quick)
-step_models = "aed,gpt"  # step: which of the author's two key models (config/aed_mse_possub.py, config/baseline.py)
+sections = "train,generate,data,prepare,memory"  # parts to run, comma-separated (step: when named)
+micro_batches = "auto"  # step: micro-batches a step is split into; auto: 16,4,1 on CUDA, else 2,1
+step_sequences = 0  # step: sequences a step; 0: author's 800 (50 x 16) on CUDA, else 4 (quick: 2)
+step_models = "aed,gpt"  # step: the author's models (config/aed_mse_possub.py, config/baseline.py)
 # -----------------------------------------------------------------------------
 defaults = collect_defaults(globals())
 
-# nanoGPT's train.py on its reference config here: 4 layers, 128 wide, 4 heads, GPT-2 vocab, batch 16 x 128
+# nanoGPT's train.py on its reference config here: 4 layers, 128 wide, 4 heads, GPT-2 vocab,
+# batch 16 x 128
 NANOGPT_REF = dict(arch="gpt", n_layer=4, n_embed=128, n_head=4, context_size=128)
-SMALL_AED = dict(arch="aed", n_layer=2, n_embed=128, n_head=4, context_size=128, embedding_loss_type="MSE",
-                 embedding_loss_coeff=8.0, sub_pos_embed_to_decoder="YES_NO_LN")
+SMALL_AED = dict(arch="aed", n_layer=2, n_embed=128, n_head=4, context_size=128,
+                 embedding_loss_type="MSE", embedding_loss_coeff=8.0,
+                 sub_pos_embed_to_decoder="YES_NO_LN")
 # the author's two headline models (docs/model.md, The author's runs)
 AUTHOR_GPT = dict(arch="gpt", n_layer=26, n_embed=160, n_head=10, context_size=200)
-AUTHOR_AED = dict(arch="aed", n_layer=13, n_embed=150, n_head=5, cross_attn_n_head=10, context_size=200,
-                  embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="ENCODER_OUT",
-                  embedding_ln_type="INIT", use_ln_on_encoder_out=True, sub_pos_embed_to_decoder="YES_NO_LN")
+AUTHOR_AED = dict(arch="aed", n_layer=13, n_embed=150, n_head=5, cross_attn_n_head=10,
+                  context_size=200, embedding_loss_type="MSE", embedding_loss_coeff=8.0,
+                  detach_type="ENCODER_OUT", embedding_ln_type="INIT", use_ln_on_encoder_out=True,
+                  sub_pos_embed_to_decoder="YES_NO_LN")
 
 
 def machine():
@@ -72,11 +77,12 @@ def machine():
         name = platform.processor() or platform.machine()
         try:
             with open("/proc/cpuinfo") as f:
-                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+                name = next(line.split(":", 1)[1].strip() for line in f
+                            if line.startswith("model name"))
         except (OSError, StopIteration):
             pass
-    return {"device": device_type, "name": name, "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version()}
+    return {"device": device_type, "name": name, "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version()}
 
 
 def sync():
@@ -85,7 +91,8 @@ def sync():
 
 
 def interleaved(fns, n, warm_up=True):
-    """Median seconds of each fn in fns (a dict), running one call of each in turn, n rounds, after a warm-up."""
+    """Median seconds of each fn in fns (a dict), running one call of each in turn, n rounds, after
+    a warm-up."""
     times = {name: [] for name in fns}
     for name, fn in fns.items():
         if warm_up:
@@ -107,7 +114,8 @@ def matmul_peak():
     a, b = torch.randn(n, n, device=device, dtype=dt), torch.randn(n, n, device=device, dtype=dt)
     a @ b  # warm-up
     best = float("inf")
-    for _ in range(max(5, repeats)):  # a peak is the best this machine can do: the fastest run, not the median
+    # a peak is the best this machine can do: the fastest run, not the median
+    for _ in range(max(5, repeats)):
         sync()
         t0 = time.perf_counter()
         a @ b
@@ -151,27 +159,34 @@ def bench_train():
     def record(label, kwargs, batch_size, seconds, raw):
         tokens = batch_size * raw.config.context_size
         flops = raw.flops_per_token() * tokens / seconds
-        rows.append({"run": label, "params": raw.get_num_params(), "batch": f"{batch_size}x{raw.config.context_size}",
-                     "ms_per_step": 1000 * seconds, "tokens_per_s": tokens / seconds, "flops_per_s": flops,
-                     "share_of_matmul_peak": flops / peak, "flops_per_token": raw.flops_per_token()})
-        print(f"  {label:40s} {1000 * seconds:8.0f} ms/step {tokens / seconds:9.0f} tok/s {flops / peak:6.1%} of peak",
-              flush=True)
+        rows.append({"run": label, "params": raw.get_num_params(),
+                     "batch": f"{batch_size}x{raw.config.context_size}",
+                     "ms_per_step": 1000 * seconds, "tokens_per_s": tokens / seconds,
+                     "flops_per_s": flops, "share_of_matmul_peak": flops / peak,
+                     "flops_per_token": raw.flops_per_token()})
+        print(f"  {label:40s} {1000 * seconds:8.0f} ms/step {tokens / seconds:9.0f} tok/s "
+              f"{flops / peak:6.1%} of peak", flush=True)
 
     def pair(name, tag, aed_label, gpt_label):
-        ra, rg = next(r for r in rows if r["run"] == aed_label), next(r for r in rows if r["run"] == gpt_label)
-        ratio = {"pair": f"{name} {tag}", "time_ratio_aed_over_gpt": ra["ms_per_step"] / rg["ms_per_step"],
+        ra, rg = (next(r for r in rows if r["run"] == aed_label),
+                  next(r for r in rows if r["run"] == gpt_label))
+        ratio = {"pair": f"{name} {tag}",
+                 "time_ratio_aed_over_gpt": ra["ms_per_step"] / rg["ms_per_step"],
                  "flops_ratio_aed_over_gpt": ra["flops_per_token"] / rg["flops_per_token"],
                  "params_aed": ra["params"], "params_gpt": rg["params"]}
         results.setdefault("aed_vs_gpt", []).append(ratio)
         print(f"  AED/GPT {name} {tag}: time ratio {ratio['time_ratio_aed_over_gpt']:.2f}, "
               f"FLOPs ratio {ratio['flops_ratio_aed_over_gpt']:.2f}", flush=True)
 
-    # (a) the nanoGPT reference config, eager and compiled; and the small AED, eager and compiled, against it
-    # (the small pair's GPT is ours on this config): all in one interleaved group, each model built once
-    print("training, nanoGPT's reference config (4 x 128, 4 heads, batch 16 x 128) and the small AED (2 + 2 x 128):",
-          flush=True)
-    variants = {"ours, eager": (NANOGPT_REF, {}), "ours, torch.compile": (NANOGPT_REF, dict(compiled=True)),
-                "AED small eager": (SMALL_AED, {}), "AED small compiled": (SMALL_AED, dict(compiled=True))}
+    # (a) the nanoGPT reference config, eager and compiled; and the small AED, eager and compiled,
+    # against it (the small pair's GPT is ours on this config): all in one interleaved group, each
+    # model built once
+    print("training, nanoGPT's reference config (4 x 128, 4 heads, batch 16 x 128) and the "
+          "small AED (2 + 2 x 128):", flush=True)
+    variants = {"ours, eager": (NANOGPT_REF, {}),
+                "ours, torch.compile": (NANOGPT_REF, dict(compiled=True)),
+                "AED small eager": (SMALL_AED, {}),
+                "AED small compiled": (SMALL_AED, dict(compiled=True))}
     if quick:
         del variants["ours, torch.compile"], variants["AED small compiled"]
     fns, raws = {}, {}
@@ -180,7 +195,8 @@ def bench_train():
     for label, s in interleaved(fns, repeats).items():
         record(label, variants[label][0], 16, s, raws[label])
     for tag, ours in (("eager", "ours, eager"), ("compiled", "ours, torch.compile")):
-        if ours in fns:  # the small pair's GPT: the same model, step and timings as ours on the reference config
+        # the small pair's GPT: the same model, step and timings as ours on the reference config
+        if ours in fns:
             rows.append(dict(next(r for r in rows if r["run"] == ours), run=f"GPT small {tag}"))
             pair("small", tag, f"AED small {tag}", f"GPT small {tag}")
     # (b) AED vs GPT at the author's ~16M sizes, batch cut for CPU time, eager
@@ -197,19 +213,21 @@ def bench_train():
 
 
 def step_variants(kw, compiled):
-    """The step section's variants of the model kw, as {label: (model kwargs, mean_outside_graph)}: the default
-    (compiled, the whole step is one graph); wte padded to a multiple of 64 rows (vocab 50304); and, compiled with
-    the embedding loss on, its cumulative mean run eagerly outside the graph (a graph break on each side)."""
+    """The step section's variants of the model kw, as {label: (model kwargs, mean_outside_graph)}:
+    the default (compiled, the whole step is one graph); wte padded to a multiple of 64 rows (vocab
+    50304); and, compiled with the embedding loss on, its cumulative mean run eagerly outside the
+    graph (a graph break on each side)."""
     base = "one graph" if compiled else "eager"
-    variants = {base: (kw, False), f"{base}, vocab padded to 64": (dict(kw, vocab_pad_multiple=64), False)}
+    variants = {base: (kw, False),
+                f"{base}, vocab padded to 64": (dict(kw, vocab_pad_multiple=64), False)}
     if compiled and kw.get("embedding_loss_type", "NONE") != "NONE":
         variants = {"graph break at the cumulative mean": (kw, True), **variants}
     return variants
 
 
 def author_step_fn(model_kwargs, n_sequences, n_micro, compiled, mean_outside_graph=False):
-    """One optimizer step as train.py runs it on this device: n_sequences sequences in n_micro micro-batches, each
-    loss / n_micro, the gradients accumulated; bf16 autocast on CUDA."""
+    """One optimizer step as train.py runs it on this device: n_sequences sequences in n_micro
+    micro-batches, each loss / n_micro, the gradients accumulated; bf16 autocast on CUDA."""
     torch.manual_seed(0)
     raw = build_model(ModelConfig(**model_kwargs)).to(device)
     if mean_outside_graph:
@@ -232,34 +250,42 @@ def author_step_fn(model_kwargs, n_sequences, n_micro, compiled, mean_outside_gr
 
 
 def bench_step():
-    """The author's training step (config/aed_mse_possub.py, config/baseline.py; quick: the small models), in
-    variants timed side by side (step_variants) for each split of the step's sequences into micro-batches
-    (micro_batches: 16 is the author's 16 x 50, 1 one micro-batch of 800). Compiled on CUDA, with the first
-    step's time (compiling) and peak memory; eager on CPU, where the graph variants are one computation."""
+    """The author's training step (config/aed_mse_possub.py, config/baseline.py; quick: the small
+    models), in variants timed side by side (step_variants) for each split of the step's sequences
+    into micro-batches (micro_batches: 16 is the author's 16 x 50, 1 one micro-batch of 800).
+    Compiled on CUDA, with the first step's time (compiling) and peak memory; eager on CPU, where
+    the graph variants are one computation."""
     rows = []
     compiled = device_type == "cuda"
     peak = results["matmul_peak_flops"]
-    models = {"aed": SMALL_AED if quick else AUTHOR_AED, "gpt": NANOGPT_REF if quick else AUTHOR_GPT}
+    models = {"aed": SMALL_AED if quick else AUTHOR_AED,
+              "gpt": NANOGPT_REF if quick else AUTHOR_GPT}
     for name in step_models.split(","):
         for n_micro in step_splits:
             label = f"{name}, {step_n_sequences} sequences in {n_micro} micro-batch(es)"
             print(f"step, {label}{', compiled' if compiled else ', eager'}:", flush=True)
             fns, raws, first = {}, {}, {}
-            torch._dynamo.reset()  # each group compiles afresh: past 8 compiled models dynamo would run eagerly
+            # each group compiles afresh: past 8 compiled models dynamo would run eagerly
+            torch._dynamo.reset()
             try:
                 for variant, (kw, outside) in step_variants(models[name], compiled).items():
-                    fns[variant], raws[variant] = author_step_fn(kw, step_n_sequences, n_micro, compiled, outside)
+                    fns[variant], raws[variant] = author_step_fn(kw, step_n_sequences, n_micro,
+                                                                 compiled, outside)
                     if compiled:
                         torch.cuda.reset_peak_memory_stats()
                         before = torch.cuda.memory_allocated()
                     t0 = time.perf_counter()
                     fns[variant]()  # compiles, when compiled
                     sync()
-                    first[variant] = (time.perf_counter() - t0,  # and the step's peak memory above what it found
-                                      (torch.cuda.max_memory_allocated() - before) / 2 ** 20 if compiled else None)
-                times = interleaved(fns, 1 if quick else repeats, warm_up=False)  # the first step warmed up
+                    # the time, and the step's peak memory above what it found
+                    first[variant] = (time.perf_counter() - t0,
+                                      (torch.cuda.max_memory_allocated() - before) / 2 ** 20
+                                      if compiled else None)
+                # the first step warmed up
+                times = interleaved(fns, 1 if quick else repeats, warm_up=False)
             except (torch.cuda.OutOfMemoryError, torch._dynamo.exc.BackendCompilerFailed) as e:
-                error = "out of memory" if isinstance(e, torch.cuda.OutOfMemoryError) else str(e).splitlines()[0]
+                error = ("out of memory" if isinstance(e, torch.cuda.OutOfMemoryError)
+                         else str(e).splitlines()[0])
                 rows.append({"model": name, "micro_batches": n_micro, "error": error})
                 print(f"  {error}", flush=True)
                 continue
@@ -272,31 +298,39 @@ def bench_step():
                 tokens = step_n_sequences * raw.config.context_size
                 flops = raw.flops_per_token() * tokens / seconds
                 rows.append({"model": name, "variant": variant, "micro_batches": n_micro,
-                             "micro_batch": f"{step_n_sequences // n_micro}x{raw.config.context_size}",
+                             "micro_batch": f"{step_n_sequences // n_micro}x"
+                                            f"{raw.config.context_size}",
                              "params": raw.get_num_params(), "ms_per_step": 1000 * seconds,
                              "tokens_per_s": tokens / seconds, "share_of_matmul_peak": flops / peak,
-                             "first_step_s": first[variant][0], "step_peak_memory_mib": first[variant][1]})
-                print(f"  {variant:35s} {1000 * seconds:8.0f} ms/step {tokens / seconds:9.0f} tok/s "
+                             "first_step_s": first[variant][0],
+                             "step_peak_memory_mib": first[variant][1]})
+                print(f"  {variant:35s} {1000 * seconds:8.0f} ms/step "
+                      f"{tokens / seconds:9.0f} tok/s "
                       f"{flops / peak:6.1%} of peak; first step {first[variant][0]:.1f} s"
                       + (f", peak {first[variant][1]:,.0f} MiB" if compiled else ""), flush=True)
     results["step"] = rows
 
 
 def bench_params():
-    """Each config/ file's model, built on the meta device: its parameters as the author counts them (the tied wte
-    once, no wpe), without the embedding table (what scaling laws count), and training FLOPs per token."""
+    """Each config/ file's model, built on the meta device: its parameters as the author counts them
+    (the tied wte once, no wpe), without the embedding table (what scaling laws count), and training
+    FLOPs per token."""
     defaults, rows = train_defaults(), []
     root = os.path.dirname(os.path.abspath(__file__))
-    print(f"  {'config':28s} {'blocks':>7s} {'width':>5s} {'params':>11s} {'non-embedding':>13s} {'FLOPs/token':>12s}")
+    print(f"  {'config':28s} {'blocks':>7s} {'width':>5s} {'params':>11s} "
+          f"{'non-embedding':>13s} {'FLOPs/token':>12s}")
     for path in sorted(glob.glob(os.path.join(root, "config", "*.py"))):
         if path.endswith("_common.py"):  # included by the others, not a run
             continue
         c = load_config(defaults, [path])
         with torch.device("meta"):
-            m = build_model(ModelConfig(**{f.name: c[f.name] for f in dataclasses.fields(ModelConfig)}))
-        blocks = f"{m.config.n_layer}+{m.config.n_decoder_layer}" if c["arch"] == "aed" else f"{m.config.n_layer}"
-        row = {"config": os.path.basename(path), "arch": c["arch"], "blocks": blocks, "n_embed": c["n_embed"],
-               "params": m.get_num_params(), "non_embedding_params": m.get_num_params() - c["vocab_size"] * c["n_embed"],
+            m = build_model(ModelConfig(**{f.name: c[f.name]
+                                           for f in dataclasses.fields(ModelConfig)}))
+        blocks = (f"{m.config.n_layer}+{m.config.n_decoder_layer}" if c["arch"] == "aed"
+                  else f"{m.config.n_layer}")
+        row = {"config": os.path.basename(path), "arch": c["arch"], "blocks": blocks,
+               "n_embed": c["n_embed"], "params": m.get_num_params(),
+               "non_embedding_params": m.get_num_params() - c["vocab_size"] * c["n_embed"],
                "flops_per_token": m.flops_per_token()}
         rows.append(row)
         print(f"  {row['config']:28s} {blocks:>7s} {c['n_embed']:5d} {row['params']:11,} "
@@ -305,32 +339,37 @@ def bench_params():
 
 
 def weight_read_ms(n_elements, batch):
-    """ms for a (batch x 150) @ (150 x n/150) fp32 matmul: reading that many weights once, the least a one-token
-    step of a model with n_elements parameters can cost at this batch, since it must read every weight."""
+    """ms for a (batch x 150) @ (150 x n/150) fp32 matmul: reading that many weights once, the least
+    a one-token step of a model with n_elements parameters can cost at this batch, since it must
+    read every weight."""
     w = torch.randn(n_elements // 150, 150, device=device)
     x = torch.randn(batch, 150, device=device)
-    return 1000 * interleaved({"matvec": lambda: torch.nn.functional.linear(x, w)}, 3 * repeats)["matvec"]
+    return 1000 * interleaved({"matvec": lambda: torch.nn.functional.linear(x, w)},
+                              3 * repeats)["matvec"]
 
 
 UNCACHED_STRIDE = 8
 
 
 def uncached_lengths(n_tokens):
-    """The lengths at which one uncached token is timed, standing for generating n_tokens after a 1-token prompt
-    (lengths 1..n_tokens). An uncached token runs the model over every token so far, so its cost grows about
-    linearly with the length: every UNCACHED_STRIDE-th length, in the middle of its stride (their mean is the
-    mean of all), gives the same mean cost in a fraction of the time (all 199 of a 16M model at batch 8: ~40 s)."""
+    """The lengths at which one uncached token is timed, standing for generating n_tokens after a
+    1-token prompt (lengths 1..n_tokens). An uncached token runs the model over every token so far,
+    so its cost grows about linearly with the length: every UNCACHED_STRIDE-th length, in the middle
+    of its stride (their mean is the mean of all), gives the same mean cost in a fraction of the
+    time (all 199 of a 16M model at batch 8: ~40 s)."""
     if n_tokens < UNCACHED_STRIDE:
         return list(range(1, n_tokens + 1))
-    return list(range(UNCACHED_STRIDE // 2, n_tokens + 1, UNCACHED_STRIDE))  # 4, 12, ..., 196 for 199 tokens
+    # 4, 12, ..., 196 for 199 tokens
+    return list(range(UNCACHED_STRIDE // 2, n_tokens + 1, UNCACHED_STRIDE))
 
 
 def bench_generate():
-    """ms per new token from a 1-token prompt until the context (200) is full: without the cache, with it
-    (eager), and with it and the compiled decode step (compile_decode_step; not in quick mode). The uncached
-    figure is the mean over every UNCACHED_STRIDE-th position."""
+    """ms per new token from a 1-token prompt until the context (200) is full: without the cache,
+    with it (eager), and with it and the compiled decode step (compile_decode_step; not in quick
+    mode). The uncached figure is the mean over every UNCACHED_STRIDE-th position."""
     rows = []
-    configs = [("AED", SMALL_AED), ("GPT", NANOGPT_REF)] if quick else [("AED", AUTHOR_AED), ("GPT", AUTHOR_GPT)]
+    configs = ([("AED", SMALL_AED), ("GPT", NANOGPT_REF)] if quick
+               else [("AED", AUTHOR_AED), ("GPT", AUTHOR_GPT)])
     modes = ("uncached", "cached") if quick else ("uncached", "cached", "compiled")
     for name, kw in configs:
         kw = dict(kw, context_size=200)
@@ -365,7 +404,8 @@ def bench_generate():
                 sync()
                 return (time.perf_counter() - t0) / n_tokens
 
-            prompt = torch.zeros(batch, new, dtype=torch.long, device=device)  # token ids do not change the cost
+            # token ids do not change the cost
+            prompt = torch.zeros(batch, new, dtype=torch.long, device=device)
             for mode in modes:  # a short warm-up
                 per_token(mode, 5)
             times = {mode: [] for mode in modes}
@@ -374,10 +414,13 @@ def bench_generate():
                     times[mode].append(per_token(mode, new))
             ms = {mode: 1000 * statistics.median(t) for mode, t in times.items()}
             floor = weight_read_ms(n_weights, batch)
-            # what the fixed-shape cache holds, and each step reads in full: keys and values of every slot
-            cache_mb = 2 * len(model.attention_layers) * batch * kw["context_size"] * kw["n_embed"] * 4 / 1e6
-            row = {"model": name, "params": model.get_num_params(), "batch": batch, "new_tokens": new,
-                   "weights_mb": 4 * n_weights / 1e6, "kv_cache_mb": cache_mb, "ms_per_token_weight_read": floor,
+            # what the fixed-shape cache holds, and each step reads in full: keys and values of
+            # every slot
+            cache_mb = (2 * len(model.attention_layers) * batch * kw["context_size"] * kw["n_embed"]
+                        * 4 / 1e6)
+            row = {"model": name, "params": model.get_num_params(), "batch": batch,
+                   "new_tokens": new, "weights_mb": 4 * n_weights / 1e6, "kv_cache_mb": cache_mb,
+                   "ms_per_token_weight_read": floor,
                    "compile_s": compile_s, **{f"ms_per_token_{m}": v for m, v in ms.items()},
                    **{f"speedup_{m}": ms["uncached"] / ms[m] for m in modes if m != "uncached"},
                    "speedup_bound": ms["uncached"] / floor}
@@ -395,7 +438,8 @@ def run(cmd):
     """Run cmd; exit with the last line of its stderr if it fails."""
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
-        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit code {p.returncode}"
+        last = (p.stderr.strip().splitlines()[-1] if p.stderr.strip()
+                else f"exit code {p.returncode}")
         die(f"{' '.join(cmd[1:3])} failed: {last}")
 
 
@@ -406,9 +450,10 @@ def bench_data():
     prepare.prepare(log=lambda msg: None)  # the default data (a few seconds)
     with tempfile.TemporaryDirectory() as tmp:
         steps = 6 if quick else 8
-        cmd = [sys.executable, "train.py", f"--out_dir={tmp}", "--arch=gpt", "--n_layer=4", "--n_embed=128",
-               "--n_head=4", "--context_size=128", "--batch_size=16", "--gradient_accumulation_steps=1",
-               f"--train_steps={steps}", f"--est_interval={10 * steps}", "--est_steps=1", "--compile=False",
+        cmd = [sys.executable, "train.py", f"--out_dir={tmp}", "--arch=gpt", "--n_layer=4",
+               "--n_embed=128", "--n_head=4", "--context_size=128", "--batch_size=16",
+               "--gradient_accumulation_steps=1", f"--train_steps={steps}",
+               f"--est_interval={10 * steps}", "--est_steps=1", "--compile=False",
                f"--device={device_type}"]
         run(cmd)
         with open(os.path.join(tmp, "log.jsonl")) as f:
@@ -424,8 +469,9 @@ def bench_data():
 
 
 def bench_prepare():
-    """prepare() against tiktoken's encode_ordinary_batch with all cores, on the same text: the default
-    Wikipedia corpus, repeated to be long enough to time. Peak RSS is the whole prepare.py process's."""
+    """prepare() against tiktoken's encode_ordinary_batch with all cores, on the same text: the
+    default Wikipedia corpus, repeated to be long enough to time. Peak RSS is the whole prepare.py
+    process's."""
     import prepare
     from tokenizer import get_encoding
 
@@ -446,12 +492,16 @@ def bench_prepare():
             t0 = time.perf_counter()
             prepare.prepare(src, "bench", data_dir=tmp, log=lambda msg: None)
             pr.append(time.perf_counter() - t0)
-        # the child reports its own VmHWM: ru_maxrss would include this process's memory, inherited by fork
-        probe = ("import atexit, re, runpy, sys; atexit.register(lambda: print('VmHWM', re.search(r'VmHWM:\\s+(\\d+)', "
-                 "open('/proc/self/status').read()).group(1), file=sys.stderr)); sys.argv = sys.argv[1:]; "
+        # the child reports its own VmHWM: ru_maxrss would include this process's memory, inherited
+        # by fork
+        probe = ("import atexit, re, runpy, sys; atexit.register(lambda: print('VmHWM', "
+                 "re.search(r'VmHWM:\\s+(\\d+)', "
+                 "open('/proc/self/status').read()).group(1), file=sys.stderr)); "
+                 "sys.argv = sys.argv[1:]; "
                  "runpy.run_path('prepare.py', run_name='__main__')")
-        p = subprocess.run([sys.executable, "-c", probe, "prepare.py", f"--input={src}", "--name=bench",
-                            f"--data_dir={tmp}"], capture_output=True, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+        p = subprocess.run([sys.executable, "-c", probe, "prepare.py", f"--input={src}",
+                            "--name=bench", f"--data_dir={tmp}"], capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))
         if p.returncode != 0:
             die(f"prepare.py failed: {p.stderr.strip().splitlines()[-1]}")
         peak_mb = int(p.stderr.split("VmHWM")[-1]) / 1024  # KB -> MB
@@ -459,27 +509,29 @@ def bench_prepare():
            "tiktoken_batch_mb_per_s": mb / statistics.median(tk), "prepare_peak_rss_mb": peak_mb}
     row["ratio"] = row["prepare_mb_per_s"] / row["tiktoken_batch_mb_per_s"]
     results["prepare"] = row
-    print(f"  prepare() {row['prepare_mb_per_s']:.1f} MB/s on {mb:.0f} MB (reading, splitting, encoding, writing) vs "
+    print(f"  prepare() {row['prepare_mb_per_s']:.1f} MB/s on {mb:.0f} MB "
+          f"(reading, splitting, encoding, writing) vs "
           f"encode_ordinary_batch {row['tiktoken_batch_mb_per_s']:.1f} MB/s: {row['ratio']:.2f}x; "
           f"prepare.py peak RSS {row['prepare_peak_rss_mb']:.0f} MB", flush=True)
 
 
 def _memory_probe(kwargs, batch_size, queue):
-    # runs in a fresh process, forked from a server process that has only imported this file (and so torch):
-    # its peak RSS above the memory held before the step is this step's alone
+    # runs in a fresh process, forked from a server process that has only imported this file (and so
+    # torch): its peak RSS above the memory held before the step is this step's alone
     global device, device_type
     device = device_type = "cpu"
     torch.set_num_threads(1)
     step, _ = train_step_fn(kwargs, batch_size)
-    before = proc_status_mb("VmRSS")  # the model, optimizer and batch are in memory; the step's peak is extra
+    # the model, optimizer and batch are in memory; the step's peak is extra
+    before = proc_status_mb("VmRSS")
     step()
     step()
     queue.put(proc_status_mb("VmHWM") - before)
 
 
 def proc_status_mb(field):
-    """VmRSS (now) or VmHWM (peak) of this process in MB, from /proc (Linux). Unlike ru_maxrss, VmHWM starts
-    afresh at exec, so a child's figure does not include its parent's memory."""
+    """VmRSS (now) or VmHWM (peak) of this process in MB, from /proc (Linux). Unlike ru_maxrss,
+    VmHWM starts afresh at exec, so a child's figure does not include its parent's memory."""
     with open("/proc/self/status") as f:
         kb = next(line.split()[1] for line in f if line.startswith(field + ":"))
     return int(kb) / 1024
@@ -499,7 +551,9 @@ def bench_memory():
             base = torch.cuda.memory_allocated()
             step()
             row["step_mb"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-        else:  # a fresh process, one thread: peak RSS is per process (forked from a server that imported torch)
+        else:
+            # a fresh process, one thread: peak RSS is per process (forked from a server that
+            # imported torch)
             ctx = multiprocessing.get_context("forkserver")
             ctx.set_forkserver_preload(["__main__"])
             queue = ctx.Queue()
@@ -517,22 +571,26 @@ def bench_memory():
 if __name__ == "__main__":
     try:
         globals().update(load_config(defaults, sys.argv[1:]))
-        unknown = set(sections.split(",")) - {"train", "generate", "data", "prepare", "memory", "step", "params"}
+        unknown = set(sections.split(",")) - {"train", "generate", "data", "prepare", "memory",
+                                              "step", "params"}
         if unknown:
             raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}: "
                               f"choose from train,generate,data,prepare,memory,step,params")
-        device, device_type, _ = resolve_device(device, "auto")  # bench times bf16 on CUDA, float32 on CPU
+        # bench times bf16 on CUDA, float32 on CPU
+        device, device_type, _ = resolve_device(device, "auto")
         if device_type not in ("cpu", "cuda"):
             raise ConfigError(f"bench.py runs on cpu or cuda, not {device!r}")
         step_n_sequences = step_sequences or (800 if device_type == "cuda" else 2 if quick else 4)
-        splits = micro_batches if micro_batches != "auto" else "16,4,1" if device_type == "cuda" else "2,1"
+        splits = (micro_batches if micro_batches != "auto"
+                  else "16,4,1" if device_type == "cuda" else "2,1")
         try:
             step_splits = [int(n) for n in splits.split(",")]
         except ValueError:
-            raise ConfigError(f"micro_batches must be numbers separated by commas, got {micro_batches!r}") from None
+            raise ConfigError(f"micro_batches must be numbers separated by commas, "
+                              f"got {micro_batches!r}") from None
         if any(n < 1 or step_n_sequences % n for n in step_splits):
-            raise ConfigError(f"each of micro_batches ({splits}) must divide the {step_n_sequences} sequences a step "
-                              f"(step_sequences)")
+            raise ConfigError(f"each of micro_batches ({splits}) must divide the "
+                              f"{step_n_sequences} sequences a step (step_sequences)")
         if set(step_models.split(",")) - {"aed", "gpt"}:
             raise ConfigError(f"step_models must be aed, gpt or aed,gpt, got {step_models!r}")
     except ConfigError as e:
@@ -551,8 +609,9 @@ if __name__ == "__main__":
     for section in sections.split(","):
         print(f"== {section}", flush=True)
         t0 = time.time()
-        {"train": bench_train, "generate": bench_generate, "data": bench_data, "prepare": bench_prepare,
-         "memory": bench_memory, "step": bench_step, "params": bench_params}[section]()
+        {"train": bench_train, "generate": bench_generate, "data": bench_data,
+         "prepare": bench_prepare, "memory": bench_memory, "step": bench_step,
+         "params": bench_params}[section]()
         results.setdefault("section_seconds", {})[section] = round(time.time() - t0, 1)
         print(f"  ({section}: {time.time() - t0:.0f} s)", flush=True)
     results["seconds"] = time.time() - t_start
