@@ -1,42 +1,48 @@
 #!/usr/bin/env bash
 # The claim in its own regime: data-constrained, many epochs, several seeds.
 #
-# The author's runs saw their 38.3M training tokens ~37 times and all of them overfit (train 2.94-3.17,
-# val 3.38-3.42); cpu_runs.sh sees each token 0.66 times and nothing overfits. Here the same CPU models
-# (config/cpu_*.py, ~5.3M parameters) train on the first TRAIN_TOKENS tokens of train.bin only, for
-# STEPS steps of 8 x 128 tokens: STEPS * 1024 / TRAIN_TOKENS epochs. The estimates read 12 batches of val.bin
-# (drawn by the seed); at the end train.py also scores the last and the best model on all of val.bin.
+# The author's runs saw their 38.3M training tokens ~37 times and all of them overfit (train
+# 2.94-3.17, val 3.38-3.42); cpu_runs.sh sees each token 0.66 times and nothing overfits. Here the
+# same CPU models (config/cpu_*.py, ~5.3M parameters) train on the first TRAIN_TOKENS tokens of
+# train.bin only, for STEPS steps of 8 x 128 tokens: STEPS * 1024 / TRAIN_TOKENS epochs. The
+# estimates read 12 batches of val.bin (drawn by the seed); at the end train.py also scores the last
+# and the best model on all of val.bin.
 #
-# Why these values. A short pilot (cpu_baseline on the first 100k and 250k tokens, stopped after 300 steps)
-# showed 100k overfitting within 3 epochs and 250k not yet; the baseline run of this script then confirmed
-# the choice: its val loss is lowest at 8.2 epochs and ends 0.30 higher, with train loss 3.1 below val
-# (experiments/README.md, Data-constrained, many epochs).
-#   TRAIN_TOKENS=100000  the baseline overfits as the author's did: train far below val (>= 0.3), and val
-#                        passes its minimum and turns up well before the end
-#   STEPS=2000           20.5 epochs (the author: ~37); the lr decays to min_lr at the last step, as in the
-#                        CPU presets
-#   EST_INTERVAL=100     21 estimates a run: enough points to see where val turns, for ~10% of the time
-# The runs (RUNS below): the key pair with 3 seeds each, the author's other six once, the author's two "next
-# steps" (positional subtraction on the GPT; 3 encoder + 1 decoder blocks), and the regularised study: the
-# GPT with dropout 0.2 and the key AED config with dropout 0.2 or with an embedding loss that cannot
-# collapse (embedding_ln_affine=False), 3 seeds each. Two at a time with one thread each (JOBS=2): one
-# thread makes a run's numbers independent of the machine's core count and load, and two jobs keep both
-# cores busy. On idle 2-core AMD EPYC VMs: 0.80-1.2 s a step for each of two runs side by side, 32-45 min
-# a run; on a machine that is also busy with other work, 2-3 times that.
+# Why these values. A short pilot (cpu_baseline on the first 100k and 250k tokens, stopped after 300
+# steps) showed 100k overfitting within 3 epochs and 250k not yet; the baseline run of this script
+# then confirmed the choice: its val loss is lowest at 8.2 epochs and ends 0.30 higher, with train
+# loss 3.1 below val (experiments/README.md, Data-constrained, many epochs).
+#   TRAIN_TOKENS=100000  the baseline overfits as the author's did: train far below val (>= 0.3),
+#                        and val passes its minimum and turns up well before the end
+#   STEPS=2000           20.5 epochs (the author: ~37); the lr decays to min_lr at the last step, as
+#                        in the CPU presets
+#   EST_INTERVAL=100     21 estimates a run: enough points to see where val turns, for ~10% of the
+#                        time
+# The runs (RUNS below): the key pair with 3 seeds each, the author's other six once, the author's
+# two "next steps" (positional subtraction on the GPT; 3 encoder + 1 decoder blocks), and the
+# regularised study: the GPT with dropout 0.2 and the key AED config with dropout 0.2 or with an
+# embedding loss that cannot collapse (embedding_ln_affine=False), 3 seeds each. Two at a time with
+# one thread each (JOBS=2): one thread makes a run's numbers independent of the machine's core count
+# and load, and two jobs keep both cores busy. On idle 2-core AMD EPYC VMs: 0.80-1.2 s a step for
+# each of two runs side by side, 32-45 min a run; on a machine that is also busy with other work,
+# 2-3 times that.
 #
-# $ bash experiments/cpu_data_constrained.sh     (from anywhere; resumable: run it again after a stop)
-# $ REPORT_ONLY=1 bash experiments/cpu_data_constrained.sh   (only the tables and charts, from what is finished)
+# $ bash experiments/cpu_data_constrained.sh   (from anywhere; resumable: run it again after a stop)
+# $ REPORT_ONLY=1 bash experiments/cpu_data_constrained.sh   (only the tables and charts, from what
+#                                                              is finished)
 #
-# Each run trains in out-cpu-dc/<run> (checkpoints: not in git; its output in out-cpu-dc/<run>.log). When it
-# finishes, its summary.json and log.jsonl (estimates, the start/resume records and the last step: not every
-# step) are copied to experiments/data_constrained/<run>/, which is committed; a run found there is skipped,
-# so the experiment continues on another machine from what is in git. An interrupted run resumes from its
-# last checkpoint when out-cpu-dc/<run> still exists (train.py's resume is exact). After every run the
-# tables and charts are rewritten from the finished runs, with how many of all the runs that is.
+# Each run trains in out-cpu-dc/<run> (checkpoints: not in git; its output in out-cpu-dc/<run>.log).
+# When it finishes, its summary.json and log.jsonl (estimates, the start/resume records and the last
+# step: not every step) are copied to experiments/data_constrained/<run>/, which is committed; a run
+# found there is skipped, so the experiment continues on another machine from what is in git. An
+# interrupted run resumes from its last checkpoint when out-cpu-dc/<run> still exists (train.py's
+# resume is exact). After every run the tables and charts are rewritten from the finished runs, with
+# how many of all the runs that is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # a smoke test may override these from the environment, and add train.py flags on the command line:
-# $ OUT=/tmp/o RES=/tmp/r STEPS=4 EST_INTERVAL=2 bash experiments/cpu_data_constrained.sh --warmup_iters=1
+# $ OUT=/tmp/o RES=/tmp/r STEPS=4 EST_INTERVAL=2 bash experiments/cpu_data_constrained.sh \
+#       --warmup_iters=1
 EXTRA=("$@")
 OUT=${OUT:-out-cpu-dc}
 RES=${RES:-experiments/data_constrained}
@@ -45,22 +51,28 @@ STEPS=${STEPS:-2000}
 EST_INTERVAL=${EST_INTERVAL:-100}
 JOBS=${JOBS:-2}
 export OMP_NUM_THREADS=1
-RUNS=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3
-      aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec
-      baseline_dropout_seed2 baseline_dropout_seed3
-      aed_mse_possub_rerun aed_mse_possub_noaffine aed_mse_possub_noaffine_seed2 aed_mse_possub_noaffine_seed3
-      aed_mse_possub_dropout aed_mse_possub_dropout_seed2 aed_mse_possub_dropout_seed3
-      baseline_flat aed_mse_possub_flat baseline_dropout_flat baseline_matched
-      baseline_dropout01 aed_mse_possub_dropout01 aed_mse_possub_noaffine_coeff1 aed_deep baseline_deep
-      baseline_flat_seed2 aed_mse_possub_flat_seed2 baseline_dropout_flat_seed2 baseline_matched_seed2
-      baseline_dropout01_seed2 aed_mse_possub_dropout01_seed2 aed_mse_possub_noaffine_coeff1_seed2
-      aed_deep_seed2 baseline_deep_seed2
-      baseline_flat_seed3 aed_mse_possub_flat_seed3 baseline_dropout_flat_seed3 baseline_matched_seed3
-      baseline_dropout01_seed3 aed_mse_possub_dropout01_seed3 aed_mse_possub_noaffine_coeff1_seed3
-      aed_deep_seed3 baseline_deep_seed3)
+RUNS=(
+    baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3
+    aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec
+    baseline_dropout_seed2 baseline_dropout_seed3
+    aed_mse_possub_rerun
+    aed_mse_possub_noaffine aed_mse_possub_noaffine_seed2 aed_mse_possub_noaffine_seed3
+    aed_mse_possub_dropout aed_mse_possub_dropout_seed2 aed_mse_possub_dropout_seed3
+    baseline_flat aed_mse_possub_flat baseline_dropout_flat baseline_matched
+    baseline_dropout01 aed_mse_possub_dropout01 aed_mse_possub_noaffine_coeff1
+    aed_deep baseline_deep
+    baseline_flat_seed2 aed_mse_possub_flat_seed2 baseline_dropout_flat_seed2 baseline_matched_seed2
+    baseline_dropout01_seed2 aed_mse_possub_dropout01_seed2 aed_mse_possub_noaffine_coeff1_seed2
+    aed_deep_seed2 baseline_deep_seed2
+    baseline_flat_seed3 aed_mse_possub_flat_seed3 baseline_dropout_flat_seed3 baseline_matched_seed3
+    baseline_dropout01_seed3 aed_mse_possub_dropout01_seed3 aed_mse_possub_noaffine_coeff1_seed3
+    aed_deep_seed3 baseline_deep_seed3
+)
 # (launched in another order, below)
 
-echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
+echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
+    "python $(python -c \
+    'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
 [ -n "${REPORT_ONLY:-}" ] || python prepare.py  # data/wikipedia/{train,val}.bin (a few seconds)
 mkdir -p "$RES"
 
@@ -72,16 +84,18 @@ run() {  # run <run name> <config name> [extra train.py args...]
         return
     fi
     local args=("$config" --train_tokens=$TRAIN_TOKENS --train_steps=$STEPS --lr_decay_iters=$STEPS
-                --est_interval=$EST_INTERVAL --log_interval=100 "$@" ${EXTRA[@]+"${EXTRA[@]}"} --out_dir="$out")
+                --est_interval=$EST_INTERVAL --log_interval=100 "$@" ${EXTRA[@]+"${EXTRA[@]}"}
+                --out_dir="$out")
     if [ -f "$out/ckpt_last.pt" ]; then
         args+=(--init_from=resume)
     elif [ -f "$out/log.jsonl" ]; then
-        args+=(--overwrite=True)  # killed before its first checkpoint: nothing to resume, start it over
+        # killed before its first checkpoint: nothing to resume, start it over
+        args+=(--overwrite=True)
     fi
     echo "=== $(date -u +%H:%M:%S) start: ${args[*]}"
     mkdir -p "$OUT"
-    # in the background and waited for, so that a kill of this job (`pkill -f` matches it as well as the
-    # script) reaches train.py, which stops cleanly, instead of leaving it running on its own
+    # in the background and waited for, so that a kill of this job (`pkill -f` matches it as well as
+    # the script) reaches train.py, which stops cleanly, instead of leaving it running on its own
     python train.py "${args[@]}" >> "$out.log" 2>&1 &
     local pid=$!
     trap 'kill -TERM $pid 2>/dev/null; wait $pid; exit 143' TERM
@@ -91,16 +105,22 @@ run() {  # run <run name> <config name> [extra train.py args...]
     grep -q '"status": "finished"' "$out/summary.json"
     # the committed copy: small (no per-step records but the last), written whole before it counts
     mkdir -p "$res"
-    { grep -v '"type": "step"' "$out/log.jsonl"; grep '"type": "step"' "$out/log.jsonl" | tail -n 1; } > "$res/log.jsonl.tmp"
+    {
+        grep -v '"type": "step"' "$out/log.jsonl"
+        grep '"type": "step"' "$out/log.jsonl" | tail -n 1
+    } > "$res/log.jsonl.tmp"
     mv "$res/log.jsonl.tmp" "$res/log.jsonl"
     cp "$out/summary.json" "$res/summary.json.tmp"
     mv "$res/summary.json.tmp" "$res/summary.json"
     # no path of this machine in what is committed: an absolute OUT becomes the default's name
-    if [ "${OUT#/}" != "$OUT" ]; then sed -i "s#\"$OUT/#\"out-cpu-dc/#g" "$res/summary.json" "$res/log.jsonl"; fi
+    if [ "${OUT#/}" != "$OUT" ]; then
+        sed -i "s#\"$OUT/#\"out-cpu-dc/#g" "$res/summary.json" "$res/log.jsonl"
+    fi
     echo "=== $(date -u +%H:%M:%S) $name finished: $(tail -n 1 "$out.log")"
 }
 
-launch() {  # launch <run name> <config name> [args]: run it in the background once one of the JOBS slots is free
+launch() {  # launch <run name> <config name> [args]: run it in the background once one of the
+            # JOBS slots is free
     while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do
         wait -n || true  # a failed run does not stop the others; the end says which failed
         report
@@ -115,15 +135,20 @@ report() {  # tables and charts over the runs finished so far
     done
     [ ${#done[@]} -gt 0 ] || return 0
     local pair=() compare=()
-    for r in baseline baseline_seed2 baseline_seed3 aed_mse_possub aed_mse_possub_seed2 aed_mse_possub_seed3; do
-        if [ -d "$RES/$r" ] && grep -qs '"status": "finished"' "$RES/$r/summary.json"; then pair+=("$RES/$r"); fi
+    for r in baseline baseline_seed2 baseline_seed3 aed_mse_possub aed_mse_possub_seed2 \
+             aed_mse_possub_seed3; do
+        if [ -d "$RES/$r" ] && grep -qs '"status": "finished"' "$RES/$r/summary.json"; then
+            pair+=("$RES/$r")
+        fi
     done
     if [ -f "$RES/baseline/summary.json" ] && [ -f "$RES/aed_mse_possub/summary.json" ]; then
         compare=(--compare=aed_mse_possub,baseline)
     fi
     {
-        echo "Data-constrained CPU runs (experiments/cpu_data_constrained.sh): ${#done[@]} of ${#RUNS[@]} runs finished;"
-        echo "$TRAIN_TOKENS training tokens, $STEPS steps of 8 x 128 tokens, estimates every $EST_INTERVAL steps."
+        echo "Data-constrained CPU runs (experiments/cpu_data_constrained.sh):" \
+             "${#done[@]} of ${#RUNS[@]} runs finished;"
+        echo "$TRAIN_TOKENS training tokens, $STEPS steps of 8 x 128 tokens," \
+             "estimates every $EST_INTERVAL steps."
         echo
         python experiments/report.py "${done[@]}" "${compare[@]}" --svg="$RES.svg" --x=epochs \
             --title="val loss, $TRAIN_TOKENS training tokens (${#done[@]} of ${#RUNS[@]} runs)"
@@ -132,23 +157,30 @@ report() {  # tables and charts over the runs finished so far
     # the regularised study: dropout and the embedding loss, against the key pair, paired by seed
     local reg=() pairs=() have
     have() { grep -qs '"status": "finished"' "$RES/$1/summary.json"; }
-    for r in baseline baseline_seed2 baseline_seed3 aed_mse_possub aed_mse_possub_seed2 aed_mse_possub_seed3 \
+    for r in baseline baseline_seed2 baseline_seed3 aed_mse_possub aed_mse_possub_seed2 \
+             aed_mse_possub_seed3 \
              baseline_dropout baseline_dropout_seed2 baseline_dropout_seed3 aed_mse_possub_dropout \
              aed_mse_possub_dropout_seed2 aed_mse_possub_dropout_seed3 aed_mse_possub_noaffine \
              aed_mse_possub_noaffine_seed2 aed_mse_possub_noaffine_seed3 aed_mse_possub_rerun; do
         if have "$r"; then reg+=("$RES/$r"); fi
     done
-    for p in aed_mse_possub_dropout,baseline_dropout baseline_dropout,baseline aed_mse_possub,baseline_dropout \
+    for p in aed_mse_possub_dropout,baseline_dropout baseline_dropout,baseline \
+             aed_mse_possub,baseline_dropout \
              aed_mse_possub_dropout,aed_mse_possub \
-             aed_mse_possub_noaffine,aed_mse_possub aed_mse_possub_noaffine,baseline aed_mse_possub_rerun,aed_mse_possub; do
+             aed_mse_possub_noaffine,aed_mse_possub aed_mse_possub_noaffine,baseline \
+             aed_mse_possub_rerun,aed_mse_possub; do
         if have "${p%,*}" && have "${p#*,}"; then pairs+=("$p"); fi
     done
-    if have baseline_dropout_seed2 || have aed_mse_possub_rerun || have aed_mse_possub_noaffine || have aed_mse_possub_dropout; then
+    if have baseline_dropout_seed2 || have aed_mse_possub_rerun || have aed_mse_possub_noaffine ||
+        have aed_mse_possub_dropout; then
         {
-            echo "The regularised study (experiments/cpu_data_constrained.sh): dropout 0.2 and an embedding loss that"
-            echo "cannot collapse (embedding_ln_affine=False), against the key pair; ${#reg[@]} runs finished."
+            echo "The regularised study (experiments/cpu_data_constrained.sh): dropout 0.2 and an" \
+                 "embedding loss that"
+            echo "cannot collapse (embedding_ln_affine=False), against the key pair;" \
+                 "${#reg[@]} runs finished."
             echo
-            python experiments/report.py "${reg[@]}" --diag=True --x=epochs --svg="${RES}_regularised.svg" \
+            python experiments/report.py "${reg[@]}" --diag=True --x=epochs \
+                --svg="${RES}_regularised.svg" \
                 ${pairs[@]+"--compare=$(IFS=';'; echo "${pairs[*]}")"} \
                 --title="val loss, regularised runs and the key pair (${#reg[@]} runs)"
         } > "${RES}_regularised.md.tmp"
@@ -156,11 +188,13 @@ report() {  # tables and charts over the runs finished so far
     fi
     # the confounds and the first objections, paired by seed with what each changes
     local conf=() cpairs=()
-    for r in "${RUNS[@]:23}" baseline baseline_seed2 baseline_seed3 aed_mse_possub aed_mse_possub_seed2 \
+    for r in "${RUNS[@]:23}" baseline baseline_seed2 baseline_seed3 aed_mse_possub \
+             aed_mse_possub_seed2 \
              aed_mse_possub_seed3 baseline_dropout baseline_dropout_seed2 baseline_dropout_seed3; do
         if have "$r"; then conf+=("$RES/$r"); fi
     done
-    for p in aed_mse_possub_flat,baseline_flat aed_mse_possub_flat,baseline_dropout_flat baseline_flat,baseline \
+    for p in aed_mse_possub_flat,baseline_flat aed_mse_possub_flat,baseline_dropout_flat \
+             baseline_flat,baseline \
              aed_mse_possub_flat,aed_mse_possub baseline_dropout_flat,baseline_dropout \
              aed_mse_possub,baseline_matched baseline_matched,baseline \
              aed_mse_possub_dropout01,baseline_dropout01 baseline_dropout01,baseline \
@@ -170,8 +204,10 @@ report() {  # tables and charts over the runs finished so far
     done
     if [ ${#cpairs[@]} -gt 0 ]; then
         {
-            echo "The confounds and the first objections (experiments/cpu_data_constrained.sh): the author's flat lr,"
-            echo "a GPT with the AED's non-embedding parameters, dropout 0.1, the non-collapsing loss at coefficient 1,"
+            echo "The confounds and the first objections (experiments/cpu_data_constrained.sh):" \
+                 "the author's flat lr,"
+            echo "a GPT with the AED's non-embedding parameters, dropout 0.1," \
+                 "the non-collapsing loss at coefficient 1,"
             echo "and the author's depth; ${#conf[@]} runs here."
             echo
             python experiments/report.py "${conf[@]}" --x=epochs --svg="${RES}_confounds.svg" \
@@ -194,7 +230,8 @@ stop_runs() {
     exit 130
 }
 trap stop_runs INT TERM
-if [ -n "${REPORT_ONLY:-}" ]; then  # REPORT_ONLY=1: rewrite the tables and charts from the finished runs, no training
+# REPORT_ONLY=1: rewrite the tables and charts from the finished runs, no training
+if [ -n "${REPORT_ONLY:-}" ]; then
     report
     exit 0
 fi
@@ -214,11 +251,13 @@ launch aed_possub cpu_aed_possub
 launch aed_cosine cpu_aed_cosine
 launch baseline_small cpu_baseline_small
 launch baseline_dropout cpu_baseline_dropout
-# regularised: the GPT with dropout 0.2 (the lowest single run above) against the key AED config with it
+# regularised: the GPT with dropout 0.2 (the lowest single run above) against the key AED config
+# with it
 launch baseline_dropout_seed2 cpu_baseline_dropout --seed=2
 launch baseline_dropout_seed3 cpu_baseline_dropout --seed=3
-# the embedding loss: the key config again (train.py now logs the loss's diagnostics at every estimate), and
-# with loss LayerNorms that have no learned weight and bias, so that the loss cannot collapse through them
+# the embedding loss: the key config again (train.py now logs the loss's diagnostics at every
+# estimate), and with loss LayerNorms that have no learned weight and bias, so that the loss cannot
+# collapse through them
 launch aed_mse_possub_rerun cpu_aed_mse_possub
 launch aed_mse_possub_noaffine cpu_aed_mse_possub --embedding_ln_affine=False
 launch aed_mse_possub_dropout cpu_aed_mse_possub --dropout_rate=0.2
@@ -226,10 +265,11 @@ launch aed_mse_possub_noaffine_seed2 cpu_aed_mse_possub --embedding_ln_affine=Fa
 launch aed_mse_possub_dropout_seed2 cpu_aed_mse_possub --dropout_rate=0.2 --seed=2
 launch aed_mse_possub_noaffine_seed3 cpu_aed_mse_possub --embedding_ln_affine=False --seed=3
 launch aed_mse_possub_dropout_seed3 cpu_aed_mse_possub --dropout_rate=0.2 --seed=3
-# the confounds and the first objections (experiments/README.md, Confounds): seed 1337 of each first, then 2, 3.
-# flat: the author's schedule (warm-up, then the peak lr: lr_decay_iters 700000 as in config/, the run stops at
-# STEPS); matched: config/cpu_baseline_matched.py, a GPT with the key AED's non-embedding parameters; deep:
-# the author's shape, config/cpu_aed_deep.py (6 + 6 blocks) against config/cpu_baseline_deep.py (12)
+# the confounds and the first objections (experiments/README.md, Confounds): seed 1337 of each
+# first, then 2, 3. flat: the author's schedule (warm-up, then the peak lr: lr_decay_iters 700000 as
+# in config/, the run stops at STEPS); matched: config/cpu_baseline_matched.py, a GPT with the key
+# AED's non-embedding parameters; deep: the author's shape, config/cpu_aed_deep.py (6 + 6 blocks)
+# against config/cpu_baseline_deep.py (12)
 for s in 1337 2 3; do
     sfx=$([ $s = 1337 ] && echo "" || echo "_seed$s")
     launch baseline_flat$sfx cpu_baseline --lr_decay_iters=700000 --seed=$s

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The author's eight runs (docs/model.md, The author's runs) at CPU scale, plus a second seed of the key pair
-# (aed_mse_possub vs baseline) and the two "next steps" runs (docs/model.md, Beyond the author), then the
-# results table and chart (experiments/results.{md,svg}; the reading is in experiments/README.md).
+# The author's eight runs (docs/model.md, The author's runs) at CPU scale, plus a second seed of the
+# key pair (aed_mse_possub vs baseline) and the two "next steps" runs (docs/model.md, Beyond the
+# author), then the results table and chart (experiments/results.{md,svg}; the reading is in
+# experiments/README.md).
 #
-# $ bash experiments/cpu_runs.sh          (from anywhere; 53 min for the first ten runs on an idle 2-core CPU VM,
-#                                          93 min for all twelve on a slower day)
+# $ bash experiments/cpu_runs.sh          (from anywhere; 53 min for the first ten runs on an idle
+#                                          2-core CPU VM, 93 min for all twelve on a slower day)
 #
 # Runs go to out-cpu-experiment/<run>, not to the configs' own out dirs, so a preset run by hand
 # (python train.py config/cpu_baseline.py) never mixes with these. After an interruption the same
@@ -14,7 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=out-cpu-experiment
 
-echo "=== $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), python $(python -c 'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
+echo "=== $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
+    "python $(python -c \
+    'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
 python prepare.py  # data/wikipedia/{train,val}.bin (a few seconds)
 
 run() {  # run <run name> <config name> [extra train.py args...]
@@ -27,14 +30,16 @@ run() {  # run <run name> <config name> [extra train.py args...]
     if [ -f "$out/ckpt_last.pt" ]; then
         set -- "$@" --init_from=resume
     elif [ -f "$out/log.jsonl" ]; then
-        set -- "$@" --overwrite=True  # killed before its first checkpoint: nothing to resume, start it over
+        # killed before its first checkpoint: nothing to resume, start it over
+        set -- "$@" --overwrite=True
     fi
     echo "=== $config $* -> $out  ($(date -u +%H:%M:%S))"
     python train.py "$config" "$@" --out_dir="$out" &
     pid=$!
     wait $pid
 }
-# a kill of this script (or Ctrl-C) stops the run in progress too, cleanly, instead of leaving it running
+# a kill of this script (or Ctrl-C) stops the run in progress too, cleanly,
+# instead of leaving it running
 pid=
 trap '[ -z "$pid" ] || { kill -TERM $pid 2>/dev/null; wait $pid; }; exit 130' INT TERM
 

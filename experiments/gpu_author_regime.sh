@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# The author's configs at the author's size, on one GPU (bf16 autocast, torch.compile), in the author's regime
-# of epochs: the author trained 9000 steps of 160,000 tokens on 38.3M tokens, ~37.6 epochs. Our default
-# corpus (python prepare.py) has 935,703 training tokens, so 220 steps of the same 160,000 tokens are
-# the same ~37.6 epochs. The lr schedule is the author's, scaled to 220 steps: warm-up 300 -> 7 steps and
-# the cosine's lr_decay_iters 700,000 -> 17,111, so the lr is flat after the warm-up as in the author's runs.
-# Every other key is the config file's (the author's): batch 50 x 16 sequences of 200 tokens, lr 9e-4, ...
+# The author's configs at the author's size, on one GPU (bf16 autocast, torch.compile), in the
+# author's regime of epochs: the author trained 9000 steps of 160,000 tokens on 38.3M tokens, ~37.6
+# epochs. Our default corpus (python prepare.py) has 935,703 training tokens, so 220 steps of the
+# same 160,000 tokens are the same ~37.6 epochs. The lr schedule is the author's, scaled to 220
+# steps: warm-up 300 -> 7 steps and the cosine's lr_decay_iters 700,000 -> 17,111, so the lr is flat
+# after the warm-up as in the author's runs.
+# Every other key is the config file's (the author's): batch 50 x 16 sequences of 200 tokens,
+# lr 9e-4, ...
 # Estimates every 20 steps (11 points, est_steps 200 as the author) show where val turns up.
-# Measured on one H100 (docs/gpu.md): ~0.66 s a step for the baseline, ~0.79 s for the AED, so ~3 and
-# ~4 min a run with the estimates, plus compiling; the 12 runs take about 50 min. But the epochs are not the
-# regime: the baseline's 220-step run (experiments/gpu_h100_chunked_loss) ended at val 6.417, train 6.226,
-# val still falling. At 1/41 of the author's steps it has not overfit. Before trusting a comparison at 220
-# steps, pilot a longer STEPS (as cpu_data_constrained.sh did) until the baseline's val turns up.
+# Measured on one H100 (docs/gpu.md): ~0.66 s a step for the baseline, ~0.79 s for the AED, so ~3
+# and ~4 min a run with the estimates, plus compiling; the 12 runs take about 50 min. But the epochs
+# are not the regime: the baseline's 220-step run (experiments/gpu_h100_chunked_loss) ended at val
+# 6.417, train 6.226, val still falling. At 1/41 of the author's steps it has not overfit. Before
+# trusting a comparison at 220 steps, pilot a longer STEPS (as cpu_data_constrained.sh did) until
+# the baseline's val turns up.
 #
-# $ bash experiments/gpu_author_regime.sh                  all runs (resumable: finished runs are skipped)
+# $ bash experiments/gpu_author_regime.sh                  all runs (resumable: finished runs are
+#                                                          skipped)
 # $ bash experiments/gpu_author_regime.sh baseline aed_mse_possub   only the runs named
-# $ REPORT_ONLY=1 bash experiments/gpu_author_regime.sh    only the table and charts, from what is finished
+# $ REPORT_ONLY=1 bash experiments/gpu_author_regime.sh    only the table and charts, from what is
+#                                                          finished
 #
-# Runs train in out-gpu/<run> (not in git). A finished run's summary.json (with its tokens/s, the GPU,
-# peak GPU memory) and log.jsonl (estimates, and the step records) are copied to
+# Runs train in out-gpu/<run> (not in git). A finished run's summary.json (with its tokens/s, the
+# GPU, peak GPU memory) and log.jsonl (estimates, and the step records) are copied to
 # experiments/gpu_author_regime/<run>/, which is committed; a run found there is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +32,12 @@ STEPS=${STEPS:-220}
 # run name -> config file and extra flags; seeds of the key pair first, then the author's other six
 declare -A RUN=(
     [baseline]="config/baseline.py" [aed_mse_possub]="config/aed_mse_possub.py"
-    [baseline_seed2]="config/baseline.py --seed=2" [aed_mse_possub_seed2]="config/aed_mse_possub.py --seed=2"
-    [baseline_seed3]="config/baseline.py --seed=3" [aed_mse_possub_seed3]="config/aed_mse_possub.py --seed=3"
-    [aed_mse]="config/aed_mse.py" [aed_plain]="config/aed_plain.py" [aed_possub]="config/aed_possub.py"
+    [baseline_seed2]="config/baseline.py --seed=2"
+    [aed_mse_possub_seed2]="config/aed_mse_possub.py --seed=2"
+    [baseline_seed3]="config/baseline.py --seed=3"
+    [aed_mse_possub_seed3]="config/aed_mse_possub.py --seed=3"
+    [aed_mse]="config/aed_mse.py" [aed_plain]="config/aed_plain.py"
+    [aed_possub]="config/aed_possub.py"
     [aed_cosine]="config/aed_cosine.py" [baseline_small]="config/baseline_small.py"
     [baseline_dropout]="config/baseline_dropout.py"
 )
@@ -38,7 +46,8 @@ ALL=(baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 
 ORDER=("${ALL[@]}")
 [ $# -gt 0 ] && ORDER=("$@")
 for name in "${ORDER[@]}"; do
-    [ -n "${RUN[$name]:-}" ] || { echo "error: unknown run '$name' (one of: ${ALL[*]})" >&2; exit 2; }
+    [ -n "${RUN[$name]:-}" ] ||
+        { echo "error: unknown run '$name' (one of: ${ALL[*]})" >&2; exit 2; }
 done
 
 report() {
@@ -48,32 +57,43 @@ report() {
     done
     [ ${#done[@]} -gt 0 ] || return 0
     {
-        echo "The author's configs on one GPU (experiments/gpu_author_regime.sh): ${#done[@]} of 12 runs finished;"
-        echo "$STEPS steps of 160,000 tokens on the default corpus ($(python -c "print(round($STEPS * 160000 / 935703, 1))") epochs;" \
+        echo "The author's configs on one GPU (experiments/gpu_author_regime.sh):" \
+             "${#done[@]} of 12 runs finished;"
+        echo "$STEPS steps of 160,000 tokens on the default corpus" \
+             "($(python -c "print(round($STEPS * 160000 / 935703, 1))") epochs;" \
              "the author: 9000 steps on 38.3M tokens, ~37.6 epochs)."
         echo
         local compare=()
-        [ -d "$RES/baseline" ] && [ -d "$RES/aed_mse_possub" ] && compare=(--compare=aed_mse_possub,baseline)
-        python experiments/report.py "${done[@]}" "${compare[@]}" --svg="$RES.svg" --x=epochs --train=True --speed \
+        [ -d "$RES/baseline" ] && [ -d "$RES/aed_mse_possub" ] &&
+            compare=(--compare=aed_mse_possub,baseline)
+        python experiments/report.py "${done[@]}" "${compare[@]}" --svg="$RES.svg" --x=epochs \
+            --train=True --speed \
             --title="the author's configs on one GPU, $STEPS steps: val (solid) and train (dashed)"
     } > "$RES.md.tmp"
     mv "$RES.md.tmp" "$RES.md"
 }
 if [ -n "${REPORT_ONLY:-}" ]; then report; exit 0; fi
 
-python -c 'import sys, torch; torch.cuda.is_available() or sys.exit("error: no CUDA GPU here (this script runs the author'"'"'s 16M-parameter configs; the CPU ones are cpu_data_constrained.sh)"); print("===", torch.cuda.get_device_name(0), "| torch", torch.__version__)'
+# one python -c program: each '...'\ at a line's end joins the next line's quoted text to it
+python -c 'import sys, torch; torch.cuda.is_available() or sys.exit("error: no CUDA GPU here '\
+'(this script runs the author'"'"'s 16M-parameter configs; the CPU ones are '\
+'cpu_data_constrained.sh)"); '\
+'print("===", torch.cuda.get_device_name(0), "| torch", torch.__version__)'
 [ -f data/wikipedia/train.bin ] || python prepare.py
 mkdir -p "$RUNS" "$RES"
 pid=
 trap '[ -z "$pid" ] || { kill -TERM $pid 2>/dev/null; wait $pid; }; exit 130' INT TERM
 for name in "${ORDER[@]}"; do
     res=$RES/$name out=$RUNS/$name
-    if grep -qs '"status": "finished"' "$res/summary.json"; then echo "=== $name: finished (in $res), skipped"; continue; fi
+    if grep -qs '"status": "finished"' "$res/summary.json"; then
+        echo "=== $name: finished (in $res), skipped"; continue
+    fi
     # shellcheck disable=SC2206  # the config file and its flags, split on spaces
-    args=(${RUN[$name]} --train_steps=$STEPS --warmup_iters=7 --lr_decay_iters=17111 --est_interval=20
-          --log_interval=20 --out_dir=$out --overwrite=True)
+    args=(${RUN[$name]} --train_steps=$STEPS --warmup_iters=7 --lr_decay_iters=17111
+          --est_interval=20 --log_interval=20 --out_dir=$out --overwrite=True)
     echo "=== $(date -u +%H:%M:%S) start: ${args[*]}"
-    # in the background and waited for, so that a kill of this script (or Ctrl-C) reaches train.py too
+    # in the background and waited for, so that a kill of this script (or Ctrl-C)
+    # reaches train.py too
     python train.py "${args[@]}" > >(tee "$out.log") 2>&1 &
     pid=$!
     wait $pid || { echo "=== $name failed"; exit 1; }
