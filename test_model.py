@@ -1,12 +1,13 @@
 """
-Tests of model.py, in the style of minGPT's: the model's logits and losses are compared against a second,
-deliberately plain implementation of docs/model.md (explicit LayerNorm, explicit masked softmax per head, Python
-loops for the cumulative mean of the embedding loss), run in float64 on the model's own parameters.
+Tests of model.py, in the style of minGPT's: the model's logits and losses are compared against a
+second, deliberately plain implementation of docs/model.md (explicit LayerNorm, explicit masked
+softmax per head, Python loops for the cumulative mean of the embedding loss), run in float64 on the
+model's own parameters.
 
     python -m pytest -q test_model.py
 
-Everything runs tiny models (vocab 64, n_embed 32, 2 layers, context 8-16) except the parameter-count tests,
-which build the full-size models on the meta device (shapes without storage).
+Everything runs tiny models (vocab 64, n_embed 32, 2 layers, context 8-16) except the
+parameter-count tests, which build the full-size models on the meta device (shapes without storage).
 """
 
 import dataclasses
@@ -29,7 +30,8 @@ MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    # tiny tensors: extra threads only add overhead, and on a busy shared machine a lot of it (30x measured)
+    # tiny tensors: extra threads only add overhead, and on a busy shared machine a lot of it
+    # (30x measured)
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -37,12 +39,13 @@ def one_thread():
 
 
 # -----------------------------------------------------------------------------
-# reference implementation of docs/model.md. p maps model.named_parameters() names to float64 tensors.
-# Shapes: B batch, T time, C n_embed, V vocab.
+# reference implementation of docs/model.md. p maps model.named_parameters() names to float64
+# tensors. Shapes: B batch, T time, C n_embed, V vocab.
 
 
 def ref_layer_norm(x, p, name, bias):
-    # x: (..., C). LayerNorm with eps 1e-5 and the biased variance; bias only when docs/model.md says so
+    # x: (..., C). LayerNorm with eps 1e-5 and the biased variance; bias only when docs/model.md
+    # says so
     assert (name + ".bias" in p) == bias, f"{name}: bias should {'' if bias else 'not '}exist"
     mu = x.mean(-1, keepdim=True)
     var = ((x - mu) ** 2).mean(-1, keepdim=True)
@@ -58,7 +61,8 @@ def ref_linear(x, p, name, bias):
 
 
 def ref_attention(q, k, v, n_head):
-    # q, k, v: (B, T, C) -> (B, T, C). Causal: query t attends to keys 0..t only. One head at a time.
+    # q, k, v: (B, T, C) -> (B, T, C). Causal: query t attends to keys 0..t only. One head at a
+    # time.
     B, T, C = q.shape
     hs = C // n_head
     allowed = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T): [t, s] is s <= t
@@ -78,41 +82,50 @@ def ref_gelu(x):
 
 
 def ref_block(x, p, pre, cfg, enc=None):
-    # x: (B, T, C). Pre-LN block; with enc (B, T, C) an AED decoder block with causal cross-attention.
+    # x: (B, T, C). Pre-LN block; with enc (B, T, C) an AED decoder block with causal
+    # cross-attention.
     C, bias = cfg.n_embed, cfg.use_bias
 
     def self_attn(x):
-        q, k, v = ref_linear(ref_layer_norm(x, p, pre + "ln_1", bias), p, pre + "attn.c_attn", bias).split(C, -1)
+        q, k, v = ref_linear(ref_layer_norm(x, p, pre + "ln_1", bias), p, pre + "attn.c_attn",
+                             bias).split(C, -1)
         return ref_linear(ref_attention(q, k, v, cfg.n_head), p, pre + "attn.c_proj", bias)
 
     def cross_attn(x):
         cb = cfg.cross_attn_use_bias
         q = ref_linear(ref_layer_norm(x, p, pre + "ln_q", bias), p, pre + "cross_attn.q_proj", cb)
-        k, v = ref_linear(ref_layer_norm(enc, p, pre + "ln_kv", bias), p, pre + "cross_attn.kv_proj", cb).split(C, -1)
-        return ref_linear(ref_attention(q, k, v, cfg.cross_attn_n_head), p, pre + "cross_attn.c_proj", cb)
+        k, v = ref_linear(ref_layer_norm(enc, p, pre + "ln_kv", bias), p,
+                          pre + "cross_attn.kv_proj", cb).split(C, -1)
+        return ref_linear(ref_attention(q, k, v, cfg.cross_attn_n_head), p,
+                          pre + "cross_attn.c_proj", cb)
 
     if enc is not None and cfg.order_type == "ALT":
         x = x + cross_attn(x)
     x = x + self_attn(x)
     if enc is not None and cfg.order_type == "ORIGINAL":
         x = x + cross_attn(x)
-    h = ref_gelu(ref_linear(ref_layer_norm(x, p, pre + "ln_2", bias), p, pre + "mlp.c_fc", bias))  # (B, T, 4C)
+    # (B, T, 4C)
+    h = ref_gelu(ref_linear(ref_layer_norm(x, p, pre + "ln_2", bias), p, pre + "mlp.c_fc", bias))
     return x + ref_linear(h, p, pre + "mlp.c_proj", bias)
 
 
 def ref_embedding_loss(E, enc, p, cfg):
-    # E, enc: (B, T, C), already detached as detach_type says. docs/model.md, Embedding loss, with loops.
+    # E, enc: (B, T, C), already detached as detach_type says. docs/model.md, Embedding loss, with
+    # loops.
     B, T, C = E.shape
     if cfg.use_ln_on_encoder_out:
         enc = ref_layer_norm(enc, p, "ln_b", True)  # the loss LayerNorms always have a bias
     if cfg.embedding_ln_type == "INIT":
         E = ref_layer_norm(E, p, "ln_a", True)
-    rows = []  # MEAN: avg[b, t] = (E[b, 0] + ... + E[b, t]) / (t + 1); LEARNED: sum over j <= t of W[t, j] * E[b, j]
+    # MEAN: avg[b, t] = (E[b, 0] + ... + E[b, t]) / (t + 1);
+    # LEARNED: sum over j <= t of W[t, j] * E[b, j]
+    rows = []
     for b in range(B):
         for t in range(T):
             s = torch.zeros(C, dtype=E.dtype)
             for j in range(t + 1):
-                if cfg.embedding_agg_type == "LEARNED":  # W packed row by row: W[t, j] is entry t (t + 1) / 2 + j
+                # W packed row by row: W[t, j] is entry t (t + 1) / 2 + j
+                if cfg.embedding_agg_type == "LEARNED":
                     s = s + p["embedding_agg"][t * (t + 1) // 2 + j] * E[b, j]
                 else:
                     s = s + E[b, j]
@@ -136,8 +149,8 @@ def ref_embedding_loss(E, enc, p, cfg):
 
 
 def ref_forward(p, cfg, idx, targets, training):
-    """docs/model.md, The GPT baseline and The AED, with dropout 0. Returns a dict of logits (B, T, V), ce, emb,
-    loss, E, enc."""
+    """docs/model.md, The GPT baseline and The AED, with dropout 0. Returns a dict of logits (B, T,
+    V), ce, emb, loss, E, enc."""
     B, T = idx.shape
     wte, wpe = p["wte.weight"], p["wpe.weight"]
     E = wte[idx] + wpe[:T]  # (B, T, C), positions 0..T-1
@@ -150,11 +163,13 @@ def ref_forward(p, cfg, idx, targets, training):
         out = ref_layer_norm(x, p, "ln_f", cfg.use_bias)
     else:
         enc = x  # no final LayerNorm on the encoder
-        h = ref_layer_norm(enc, p, "ln_bridge", cfg.use_bias) if cfg.add_ln_before_decoder_ff else enc
+        h = (ref_layer_norm(enc, p, "ln_bridge", cfg.use_bias) if cfg.add_ln_before_decoder_ff
+             else enc)
         dec = ref_linear(h, p, "bridge", cfg.use_bias)
         if cfg.add_pos_embed_to_decoder:
             dec = dec + wpe[1:T + 1]  # positions of the next tokens
-        n_dec = cfg.n_layer if cfg.n_decoder_layer is None else cfg.n_decoder_layer  # Beyond the author
+        # Beyond the author
+        n_dec = cfg.n_layer if cfg.n_decoder_layer is None else cfg.n_decoder_layer
         assert f"decoder_blocks.{n_dec}.ln_1.weight" not in p  # exactly n_dec decoder blocks
         for i in range(n_dec):
             dec = ref_block(dec, p, f"decoder_blocks.{i}.", cfg, enc=enc)
@@ -178,7 +193,8 @@ def ref_forward(p, cfg, idx, targets, training):
 
 
 def ref_params(model, requires_grad=False):
-    return {n: t.detach().double().requires_grad_(requires_grad) for n, t in model.named_parameters()}
+    return {n: t.detach().double().requires_grad_(requires_grad)
+            for n, t in model.named_parameters()}
 
 
 # -----------------------------------------------------------------------------
@@ -193,8 +209,9 @@ def tiny(arch="aed", **kw):
 
 
 def make(cfg, seed=0, scramble=True):
-    """build_model with a fixed seed. scramble moves every parameter off its init (LayerNorm weights off 1,
-    biases off 0) so that a parameter used in the wrong place, or not at all, shows in the outputs."""
+    """build_model with a fixed seed. scramble moves every parameter off its init (LayerNorm weights
+    off 1, biases off 0) so that a parameter used in the wrong place, or not at all, shows in the
+    outputs."""
     torch.manual_seed(seed)
     m = build_model(cfg)
     if scramble:
@@ -213,11 +230,13 @@ def batch(cfg, B=2, T=None, seed=1):
 
 
 def grads(model):
-    return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
+    return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+            for n, p in model.named_parameters()}
 
 
 def load_config_file(name, **overrides):
-    """A config/*.py file, read as train.py reads it -> ModelConfig of its model keys, then overrides."""
+    """A config/*.py file, read as train.py reads it -> ModelConfig of its model keys, then
+    overrides."""
     c = load_config(train_defaults(), [os.path.join(HERE, "config", name)])
     return ModelConfig(**{**{k: c[k] for k in MODEL_KEYS}, **overrides})
 
@@ -226,7 +245,8 @@ _full_models = {}
 
 
 def full_model(cfg):
-    # counting needs shapes only: the meta device builds even the 124M-parameter models at once, without memory
+    # counting needs shapes only: the meta device builds even the 124M-parameter models at once,
+    # without memory
     key = repr(cfg)
     if key not in _full_models:
         with torch.device("meta"):
@@ -235,18 +255,19 @@ def full_model(cfg):
 
 
 def aed_num_params(C, V, n_layer, n_decoder_layer, loss_lns=True):
-    """docs/model.md, The AED and Beyond the author, by hand: encoder blocks 12C^2 + 2C, decoder blocks 16C^2 + 4C,
-    bridge C^2, ln_f C, ln_a and ln_b 2C each (with the embedding loss), tied wte V * C; no biases, wpe not
-    counted."""
+    """docs/model.md, The AED and Beyond the author, by hand: encoder blocks 12C^2 + 2C, decoder
+    blocks 16C^2 + 4C, bridge C^2, ln_f C, ln_a and ln_b 2C each (with the embedding loss), tied wte
+    V * C; no biases, wpe not counted."""
     return (n_layer * (12 * C * C + 2 * C) + n_decoder_layer * (16 * C * C + 4 * C) + C * C + C
             + (4 * C if loss_lns else 0) + V * C)
 
 
 BASELINE = dict(arch="gpt", n_embed=160, n_layer=26, n_head=10, context_size=200)
 BASELINE_SMALL = dict(arch="gpt", n_embed=156, n_layer=26, n_head=12, context_size=200)
-AED_MSE_POSSUB = dict(arch="aed", n_embed=150, n_layer=13, n_head=5, cross_attn_n_head=10, cross_attn_use_bias=False,
-                      context_size=200, embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="ENCODER_OUT",
-                      embedding_ln_type="INIT", use_ln_on_encoder_out=True, sub_pos_embed_to_decoder="YES_NO_LN")
+AED_MSE_POSSUB = dict(arch="aed", n_embed=150, n_layer=13, n_head=5, cross_attn_n_head=10,
+                      cross_attn_use_bias=False, context_size=200, embedding_loss_type="MSE",
+                      embedding_loss_coeff=8.0, detach_type="ENCODER_OUT", embedding_ln_type="INIT",
+                      use_ln_on_encoder_out=True, sub_pos_embed_to_decoder="YES_NO_LN")
 
 # -----------------------------------------------------------------------------
 # parameter counts (docs/model.md, Parameter counts)
@@ -263,19 +284,22 @@ AED_MSE_POSSUB = dict(arch="aed", n_embed=150, n_layer=13, n_head=5, cross_attn_
     ("aed_possub.py", 15_763_500 - 600),
 ])
 def test_param_count_config_files(fname, expected):
-    """The author's eight reproduction configs in config/ give the author's exact parameter counts (vocab 50257,
-    no padding); the five the author gave no count for follow from the same formula."""
+    """The author's eight reproduction configs in config/ give the author's exact parameter counts
+    (vocab 50257, no padding); the five the author gave no count for follow from the same
+    formula."""
     cfg = load_config_file(fname)
     assert cfg.vocab_size == 50257
     assert full_model(cfg).get_num_params() == expected
     assert cfg.n_decoder_layer == cfg.n_layer if cfg.arch == "aed" else cfg.n_decoder_layer is None
 
 
-@pytest.mark.parametrize("fname,expected", [("baseline_gpt2.py", 123_551_232), ("aed_gpt2.py", 119_168_896)])
+@pytest.mark.parametrize("fname,expected",
+                         [("baseline_gpt2.py", 123_551_232), ("aed_gpt2.py", 119_168_896)])
 def test_param_count_gpt2_configs(fname, expected):
-    """The GPT-2-size pair (docs/model.md, Beyond the author): baseline 12 x 768, 12 heads, context 1024, vocab
-    50257 (GPT-2 small without biases); AED 6 + 6 blocks, as deep, at width 704 (at 768 it would be 138,309,120,
-    above the baseline), so its count is below the baseline's, as the author's pair is."""
+    """The GPT-2-size pair (docs/model.md, Beyond the author): baseline 12 x 768, 12 heads, context
+    1024, vocab 50257 (GPT-2 small without biases); AED 6 + 6 blocks, as deep, at width 704 (at 768
+    it would be 138,309,120, above the baseline), so its count is below the baseline's, as the
+    author's pair is."""
     cfg = load_config_file(fname)
     m = full_model(cfg)
     assert (cfg.vocab_size, cfg.context_size) == (50257, 1024)
@@ -292,13 +316,16 @@ def test_param_count_gpt2_configs(fname, expected):
         assert tuple(m.wpe.weight.shape) == (1025, 704)  # pos sub: one row more, not counted
 
 
-@pytest.mark.parametrize("n_layer,n_decoder_layer,expected", [(3, 1, 5_314_560), (1, 3, 5_388_672), (2, None, 5_351_616)])
+@pytest.mark.parametrize("n_layer,n_decoder_layer,expected",
+                         [(3, 1, 5_314_560), (1, 3, 5_388_672), (2, None, 5_351_616)])
 def test_param_count_unequal_depth(n_layer, n_decoder_layer, expected):
-    """n_layer encoder blocks, then n_decoder_layer decoder blocks (docs/model.md, Beyond the author), at the CPU
-    preset's width 96: (3, 1): 3 x 110,784 + 1 x 147,840 + bridge 9,216 + ln_f 96 + ln_a, ln_b 384
-    + wte 4,824,672 = 5,314,560; (1, 3): 1 x 110,784 + 3 x 147,840 + the same = 5,388,672; None is the preset itself
-    (2 + 2). FLOPs per token and the KV cache follow: n_layer + 2 * n_decoder_layer attention layers."""
-    cfg = load_config_file("cpu_aed_mse_possub.py", n_layer=n_layer, n_decoder_layer=n_decoder_layer)
+    """n_layer encoder blocks, then n_decoder_layer decoder blocks (docs/model.md, Beyond the
+    author), at the CPU preset's width 96: (3, 1): 3 x 110,784 + 1 x 147,840 + bridge 9,216 + ln_f
+    96 + ln_a, ln_b 384 + wte 4,824,672 = 5,314,560; (1, 3): 1 x 110,784 + 3 x 147,840 + the
+    same = 5,388,672; None is the preset itself (2 + 2). FLOPs per token and the KV cache follow:
+    n_layer + 2 * n_decoder_layer attention layers."""
+    cfg = load_config_file("cpu_aed_mse_possub.py", n_layer=n_layer,
+                           n_decoder_layer=n_decoder_layer)
     m = full_model(cfg)
     n_dec = n_layer if n_decoder_layer is None else n_decoder_layer
     assert expected == aed_num_params(96, 50257, n_layer, n_dec)
@@ -308,11 +335,12 @@ def test_param_count_unequal_depth(n_layer, n_decoder_layer, expected):
     assert m.flops_per_token() == 6 * expected + 12 * (n_layer + 2 * n_dec) * 96 * 128
 
 
-@pytest.mark.parametrize("fname,expected", [("baseline.py", 16_036_800), ("cpu_baseline.py", 5_387_060)])
+@pytest.mark.parametrize("fname,expected",
+                         [("baseline.py", 16_036_800), ("cpu_baseline.py", 5_387_060)])
 @pytest.mark.parametrize("sub", ["YES_NO_LN", "YES_LN"])
 def test_param_count_gpt_pos_sub(fname, expected, sub):
-    """The GPT with the positional subtraction: wpe gets one more row (not counted, as the author counts); YES_LN
-    adds ln_post (C weights, no bias)."""
+    """The GPT with the positional subtraction: wpe gets one more row (not counted, as the author
+    counts); YES_LN adds ln_post (C weights, no bias)."""
     cfg = load_config_file(fname, sub_pos_embed_to_decoder=sub)
     m = full_model(cfg)
     C = cfg.n_embed
@@ -326,7 +354,8 @@ def test_param_count_gpt_pos_sub(fname, expected, sub):
     (AED_MSE_POSSUB, 15_763_500),
 ])
 def test_param_count_by_hand(kw, expected):
-    """Same counts from hand-built configs; get_num_params = all parameters, tied wte once, minus wpe."""
+    """Same counts from hand-built configs; get_num_params = all parameters, tied wte once, minus
+    wpe."""
     m = full_model(ModelConfig(**kw))
     assert m.get_num_params() == expected
     total = sum(p.numel() for p in m.parameters())  # parameters() yields the tied matrix once
@@ -334,8 +363,9 @@ def test_param_count_by_hand(kw, expected):
 
 
 def test_param_breakdown_aed():
-    """docs/model.md, Parameter counts, part by part: encoder block 270,300, decoder block 360,600, bridge 22,500,
-    ln_f 150, ln_a 300, ln_b 300, wte 7,538,550; wpe has context_size + 1 rows (pos sub is on)."""
+    """docs/model.md, Parameter counts, part by part: encoder block 270,300, decoder block 360,600,
+    bridge 22,500, ln_f 150, ln_a 300, ln_b 300, wte 7,538,550; wpe has context_size + 1 rows (pos
+    sub is on)."""
     m = full_model(ModelConfig(**AED_MSE_POSSUB))
     sizes = {}
     for n, p in m.named_parameters():
@@ -345,7 +375,8 @@ def test_param_breakdown_aed():
     for i in range(13):
         assert sizes.pop(f"blocks.{i}") == 270_300  # 12C^2 + 2C
         assert sizes.pop(f"decoder_blocks.{i}") == 360_600  # 16C^2 + 4C
-    assert sizes == {"wte": 7_538_550, "wpe": 201 * 150, "bridge": 22_500, "ln_f": 150, "ln_a": 300, "ln_b": 300}
+    assert sizes == {"wte": 7_538_550, "wpe": 201 * 150, "bridge": 22_500, "ln_f": 150, "ln_a": 300,
+                     "ln_b": 300}
 
 
 def test_flops_per_token_gpt():
@@ -355,7 +386,8 @@ def test_flops_per_token_gpt():
 
 
 def test_param_breakdown_gpt():
-    """docs/model.md, The GPT baseline: a block has 12C^2 + 2C parameters; wpe has exactly context_size rows."""
+    """docs/model.md, The GPT baseline: a block has 12C^2 + 2C parameters; wpe has exactly
+    context_size rows."""
     m = full_model(ModelConfig(**BASELINE))
     C = 160
     for i in range(26):
@@ -385,17 +417,20 @@ FORWARD_VARIANTS = [
     dict(cross_attn_use_bias=True),
     dict(use_bias=True, cross_attn_use_bias=False),
     dict(cross_attn_n_head=2),
-    dict(order_type="ALT", add_ln_before_decoder_ff=True, add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN",
-         use_bias=True, cross_attn_n_head=8, embedding_loss_type="MSE", embedding_loss_coeff=8.0),
+    dict(order_type="ALT", add_ln_before_decoder_ff=True, add_pos_embed_to_decoder=True,
+         sub_pos_embed_to_decoder="YES_LN", use_bias=True, cross_attn_n_head=8,
+         embedding_loss_type="MSE", embedding_loss_coeff=8.0),
 ]
 
 
-@pytest.mark.parametrize("kw", FORWARD_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+@pytest.mark.parametrize("kw", FORWARD_VARIANTS,
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
 def test_forward_matches_reference(kw):
-    """Logits and ce of both architectures and every forward option match the plain float64 reimplementation
-    of docs/model.md (linear bridge, ln_kv per decoder block, causal cross-attention, ORIGINAL/ALT order, LN before
-    the bridge, wpe[1..T] added after the bridge / subtracted after ln_f on either arch, ln_post, unequal encoder
-    and decoder depths), in eval and train mode."""
+    """Logits and ce of both architectures and every forward option match the plain float64
+    reimplementation of docs/model.md (linear bridge, ln_kv per decoder block, causal
+    cross-attention, ORIGINAL/ALT order, LN before the bridge, wpe[1..T] added after the
+    bridge / subtracted after ln_f on either arch, ln_post, unequal encoder and decoder depths), in
+    eval and train mode."""
     cfg = tiny(context_size=8, **kw)
     m = make(cfg)
     x, y = batch(cfg)
@@ -410,16 +445,17 @@ def test_forward_matches_reference(kw):
 
 
 LOSS_VARIANTS = [dict(embedding_loss_type=t, embedding_ln_type=ln, use_ln_on_encoder_out=u)
-                 for t in ("MSE", "COSINE", "LOG_COSINE") for ln in ("INIT", "AVG_CUM_SUM", "NONE") for u in (True, False)]
+                 for t in ("MSE", "COSINE", "LOG_COSINE") for ln in ("INIT", "AVG_CUM_SUM", "NONE")
+                 for u in (True, False)]
 LOSS_VARIANTS += [dict(embedding_loss_type=t, embedding_ln_type=ln, embedding_agg_type="LEARNED")
                   for t, ln in (("MSE", "INIT"), ("COSINE", "AVG_CUM_SUM"), ("LOG_COSINE", "NONE"))]
 
 
 @pytest.mark.parametrize("kw", LOSS_VARIANTS, ids=lambda kw: "-".join(str(v) for v in kw.values()))
 def test_embedding_loss_matches_reference(kw):
-    """The embedding loss (cumulative mean of E, or the LEARNED weighting with scrambled weights, vs enc; MSE /
-    COSINE / LOG_COSINE; ln_a at INIT, after the average, or none; ln_b on enc or not) matches the loop
-    implementation, and total = ce + coeff * emb."""
+    """The embedding loss (cumulative mean of E, or the LEARNED weighting with scrambled weights, vs
+    enc; MSE / COSINE / LOG_COSINE; ln_a at INIT, after the average, or none; ln_b on enc or not)
+    matches the loop implementation, and total = ce + coeff * emb."""
     cfg = tiny(context_size=8, embedding_loss_coeff=3.0, sub_pos_embed_to_decoder="YES_NO_LN", **kw)
     m = make(cfg).train()
     x, y = batch(cfg)
@@ -433,10 +469,11 @@ def test_embedding_loss_matches_reference(kw):
 
 @pytest.mark.parametrize("ln_type", ["INIT", "NONE"])
 def test_embedding_loss_uses_E_after_dropout(ln_type):
-    """docs/model.md, The AED, step 1: the embedding loss uses E after dropout. With dropout 0.5 in train mode, the
-    loss equals the loop implementation applied to the dropout output and the encoder output captured by forward
-    hooks."""
-    cfg = tiny(context_size=8, dropout_rate=0.5, embedding_loss_type="MSE", embedding_ln_type=ln_type)
+    """docs/model.md, The AED, step 1: the embedding loss uses E after dropout. With dropout 0.5 in
+    train mode, the loss equals the loop implementation applied to the dropout output and the
+    encoder output captured by forward hooks."""
+    cfg = tiny(context_size=8, dropout_rate=0.5, embedding_loss_type="MSE",
+               embedding_ln_type=ln_type)
     m = make(cfg).train()
     seen = {}
     m.drop.register_forward_hook(lambda mod, inp, out: seen.setdefault("E", out.detach()))
@@ -462,9 +499,9 @@ def test_embedding_loss_layernorms_exist_only_when_used():
 
 
 def test_embedding_loss_diagnostics_tell_a_collapse():
-    """At init the loss LayerNorms' affine parts are the identity: the diagnostics' loss equals the training
-    loss and its no-affine twin. Collapsed by hand (both weights 0, biases equal) the loss is 0, while the
-    no-affine loss, which only the embeddings can lower, has not moved."""
+    """At init the loss LayerNorms' affine parts are the identity: the diagnostics' loss equals the
+    training loss and its no-affine twin. Collapsed by hand (both weights 0, biases equal) the loss
+    is 0, while the no-affine loss, which only the embeddings can lower, has not moved."""
     cfg = tiny(context_size=8, embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_NO_LN")
     m = build_model(cfg)
     idx = torch.randint(0, 64, (3, 8))
@@ -477,7 +514,8 @@ def test_embedding_loss_diagnostics_tell_a_collapse():
     with torch.no_grad():
         m.ln_a.weight.zero_(), m.ln_b.weight.zero_(), m.ln_a.bias.fill_(0.3), m.ln_b.bias.fill_(0.3)
     collapsed = m.embedding_loss_diagnostics(idx)
-    assert collapsed["loss"] == 0.0 and collapsed["ln_a_weight_rms"] == collapsed["ln_b_weight_rms"] == 0.0
+    assert (collapsed["loss"] == 0.0
+            and collapsed["ln_a_weight_rms"] == collapsed["ln_b_weight_rms"] == 0.0)
     assert collapsed["loss_no_affine"] == pytest.approx(d["loss_no_affine"], rel=1e-6)
 
 
@@ -497,26 +535,29 @@ def embedding_loss_after_training(affine, steps=60):
 
 
 def test_embedding_loss_collapses_through_the_layernorms_unless_they_are_fixed():
-    """The author's loss (learned LayerNorm weights and biases) falls ten times lower than what the embeddings
-    achieved (its no-affine twin) by shrinking the LayerNorm weights; with embedding_ln_affine=False there is
-    no such way, the loss LayerNorms have no parameters, and the loss stays where the embeddings put it."""
+    """The author's loss (learned LayerNorm weights and biases) falls ten times lower than what the
+    embeddings achieved (its no-affine twin) by shrinking the LayerNorm weights; with
+    embedding_ln_affine=False there is no such way, the loss LayerNorms have no parameters, and the
+    loss stays where the embeddings put it."""
     learned = embedding_loss_after_training(True)
     assert learned["loss"] < 0.2 * learned["loss_no_affine"] and learned["ln_b_weight_rms"] < 0.5
     fixed = embedding_loss_after_training(False)
     assert fixed["loss"] == fixed["loss_no_affine"] > 0.3 and fixed["ln_a_weight_rms"] is None
     cfg = tiny(embedding_loss_type="MSE")
     fixed_cfg = tiny(embedding_loss_type="MSE", embedding_ln_affine=False)
-    assert build_model(cfg).get_num_params() - build_model(fixed_cfg).get_num_params() == 4 * cfg.n_embed
+    assert (build_model(cfg).get_num_params() - build_model(fixed_cfg).get_num_params()
+            == 4 * cfg.n_embed)
     assert cfg.embedding_ln_affine is True  # the author's loss is the default
 
 
 @pytest.mark.parametrize("T", [12, 7])
 def test_learned_aggregation_equals_mean_at_init(T):
-    """embedding_agg_type=LEARNED starts as the cumulative mean (W[t, s] = 1 / (t + 1) for s <= t): at init its
-    average, its embedding loss and every gradient equal MEAN's with the same weights (the weights cost no draw
-    from the RNG, so the same seed gives the same other weights), also for T < context_size."""
-    cfg = tiny(context_size=12, embedding_loss_type="MSE", embedding_ln_type="AVG_CUM_SUM", detach_type="NONE",
-               embedding_agg_type="LEARNED")
+    """embedding_agg_type=LEARNED starts as the cumulative mean (W[t, s] = 1 / (t + 1) for s <= t):
+    at init its average, its embedding loss and every gradient equal MEAN's with the same weights
+    (the weights cost no draw from the RNG, so the same seed gives the same other weights), also for
+    T < context_size."""
+    cfg = tiny(context_size=12, embedding_loss_type="MSE", embedding_ln_type="AVG_CUM_SUM",
+               detach_type="NONE", embedding_agg_type="LEARNED")
     learned = make(cfg, scramble=False).train()
     mean = make(dataclasses.replace(cfg, embedding_agg_type="MEAN"), scramble=False).train()
     others = {k: v for k, v in learned.state_dict().items() if k != "embedding_agg"}
@@ -527,7 +568,8 @@ def test_learned_aggregation_equals_mean_at_init(T):
     x, y = batch(cfg, T=T)
     learned(x, y)[1].backward()
     mean(x, y)[1].backward()
-    torch.testing.assert_close(learned.last_embedding_loss, mean.last_embedding_loss, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(learned.last_embedding_loss, mean.last_embedding_loss, atol=1e-6,
+                               rtol=1e-6)
     g = grads(mean)
     for n, p in learned.named_parameters():
         if n != "embedding_agg":
@@ -536,8 +578,9 @@ def test_learned_aggregation_equals_mean_at_init(T):
 
 
 def test_learned_aggregation_stays_causal():
-    """With its weights perturbed (all of them, as training might), the LEARNED average at positions < k stays
-    bit-identical when E at positions >= k changes: position t mixes E[0..t] only. Position k does change."""
+    """With its weights perturbed (all of them, as training might), the LEARNED average at
+    positions < k stays bit-identical when E at positions >= k changes: position t mixes E[0..t]
+    only. Position k does change."""
     cfg = tiny(context_size=12, embedding_loss_type="MSE", embedding_agg_type="LEARNED")
     m = make(cfg, scramble=False)
     with torch.no_grad():
@@ -553,24 +596,27 @@ def test_learned_aggregation_stays_causal():
 
 
 def test_learned_aggregation_parameters():
-    """LEARNED adds exactly context_size * (context_size + 1) / 2 parameters (one per s <= t), counted in
-    get_num_params; only with the loss on and LEARNED."""
+    """LEARNED adds exactly context_size * (context_size + 1) / 2 parameters (one per s <= t),
+    counted in get_num_params; only with the loss on and LEARNED."""
     names = lambda cfg: {n for n, _ in build_model(cfg).named_parameters()}
     assert "embedding_agg" not in names(tiny(embedding_loss_type="MSE"))
-    learned = build_model(tiny(context_size=12, embedding_loss_type="COSINE", embedding_agg_type="LEARNED"))
+    learned = build_model(tiny(context_size=12, embedding_loss_type="COSINE",
+                               embedding_agg_type="LEARNED"))
     mean = build_model(tiny(context_size=12, embedding_loss_type="COSINE"))
     assert learned.embedding_agg.numel() == 12 * 13 // 2
     assert learned.get_num_params() == mean.get_num_params() + 12 * 13 // 2
 
 
-@pytest.mark.parametrize("detach,loss_type,agg", [(d, t, "MEAN") for d in ("ENCODER_OUT", "EMBEDDING", "NONE")
-                                                  for t in ("MSE", "LOG_COSINE")] + [("NONE", "MSE", "LEARNED")])
+@pytest.mark.parametrize("detach,loss_type,agg",
+                         [(d, t, "MEAN") for d in ("ENCODER_OUT", "EMBEDDING", "NONE")
+                          for t in ("MSE", "LOG_COSINE")] + [("NONE", "MSE", "LEARNED")])
 def test_gradients_match_reference(detach, loss_type, agg):
-    """Gradients of the total training loss w.r.t. every parameter match the reference (which detaches enc
-    or E as docs/model.md, Embedding loss, says), so detach_type is honoured in the backward pass; the LEARNED
-    weights get theirs."""
-    cfg = tiny(context_size=8, embedding_loss_type=loss_type, embedding_loss_coeff=2.0, detach_type=detach,
-               add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", use_bias=True, embedding_agg_type=agg)
+    """Gradients of the total training loss w.r.t. every parameter match the reference (which
+    detaches enc or E as docs/model.md, Embedding loss, says), so detach_type is honoured in the
+    backward pass; the LEARNED weights get theirs."""
+    cfg = tiny(context_size=8, embedding_loss_type=loss_type, embedding_loss_coeff=2.0,
+               detach_type=detach, add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN",
+               use_bias=True, embedding_agg_type=agg)
     m = make(cfg).train()
     x, y = batch(cfg)
     _, loss = m(x, y)
@@ -583,11 +629,12 @@ def test_gradients_match_reference(detach, loss_type, agg):
 
 
 def embedding_loss_grads(detach):
-    """Gradient of the embedding-loss term alone: the same weights trained with coeff 3 and coeff 1 differ
-    only by 2 * d(emb). float64 so that the difference is clean."""
+    """Gradient of the embedding-loss term alone: the same weights trained with coeff 3 and coeff 1
+    differ only by 2 * d(emb). float64 so that the difference is clean."""
     out = []
     for coeff in (1.0, 3.0):
-        cfg = tiny(context_size=8, embedding_loss_type="MSE", embedding_loss_coeff=coeff, detach_type=detach)
+        cfg = tiny(context_size=8, embedding_loss_type="MSE", embedding_loss_coeff=coeff,
+                   detach_type=detach)
         m = make(cfg).double().train()
         x, y = batch(cfg)
         m(x, y)[1].backward()
@@ -596,16 +643,18 @@ def embedding_loss_grads(detach):
 
 
 def test_embedding_loss_gradient_flow_per_detach_type():
-    """Where the embedding-loss gradient goes. ENCODER_OUT: wte/wpe (through E) and the loss LayerNorms, never
-    the encoder. EMBEDDING: the encoder (and wte/wpe only through the encoder, not directly through E).
-    NONE: both, i.e. NONE = EMBEDDING + ENCODER_OUT on wte/wpe. Never the decoder, bridge or ln_f."""
+    """Where the embedding-loss gradient goes. ENCODER_OUT: wte/wpe (through E) and the loss
+    LayerNorms, never the encoder. EMBEDDING: the encoder (and wte/wpe only through the encoder, not
+    directly through E). NONE: both, i.e. NONE = EMBEDDING + ENCODER_OUT on wte/wpe. Never the
+    decoder, bridge or ln_f."""
     g = {d: embedding_loss_grads(d) for d in ("ENCODER_OUT", "EMBEDDING", "NONE")}
     scale = max(t.abs().max().item() for t in g["NONE"].values())
     zero = lambda t: t.abs().max().item() <= 1e-10 * scale
     for n in g["NONE"]:
         if n.startswith("blocks."):  # encoder
             assert zero(g["ENCODER_OUT"][n]), n
-            torch.testing.assert_close(g["EMBEDDING"][n], g["NONE"][n], rtol=1e-8, atol=1e-10 * scale)
+            torch.testing.assert_close(g["EMBEDDING"][n], g["NONE"][n], rtol=1e-8,
+                                       atol=1e-10 * scale)
         if n.startswith(("decoder_blocks.", "bridge", "ln_f")):
             for d in g:
                 assert zero(g[d][n]), (d, n)
@@ -613,8 +662,10 @@ def test_embedding_loss_gradient_flow_per_detach_type():
     assert any(not zero(g["EMBEDDING"][n]) for n in enc_names)  # the loss does reach the encoder
     for n in ("wte.weight", "wpe.weight"):
         assert not zero(g["ENCODER_OUT"][n]) and not zero(g["EMBEDDING"][n])
-        # the direct path through E (ENCODER_OUT) and the path through the encoder (EMBEDDING) add up to NONE
-        torch.testing.assert_close(g["ENCODER_OUT"][n] + g["EMBEDDING"][n], g["NONE"][n], rtol=1e-8, atol=1e-10 * scale)
+        # the direct path through E (ENCODER_OUT) and the path through the encoder (EMBEDDING) add
+        # up to NONE
+        torch.testing.assert_close(g["ENCODER_OUT"][n] + g["EMBEDDING"][n], g["NONE"][n], rtol=1e-8,
+                                   atol=1e-10 * scale)
 
 
 # -----------------------------------------------------------------------------
@@ -622,8 +673,8 @@ def test_embedding_loss_gradient_flow_per_detach_type():
 
 
 def test_wpe_rows():
-    """wpe has context_size + 1 rows exactly when the AED adds, or either arch subtracts, wpe[1..T], else
-    context_size."""
+    """wpe has context_size + 1 rows exactly when the AED adds, or either arch subtracts, wpe[1..T],
+    else context_size."""
     rows = lambda **kw: build_model(tiny(context_size=8, **kw)).wpe.weight.shape[0]
     assert rows(arch="gpt") == 8
     assert rows(arch="gpt", sub_pos_embed_to_decoder="YES_NO_LN") == 9
@@ -638,8 +689,8 @@ def test_wpe_rows():
 @pytest.mark.parametrize("arch", ["aed", "gpt"])
 @pytest.mark.parametrize("T", [8, 5])
 def test_pos_sub_uses_next_position(T, arch):
-    """YES_NO_LN subtracts wpe[t+1] at position t: changing wpe[T] (used by nothing else for a length-T input)
-    changes only the last position's logits, by exactly -delta @ wte.T."""
+    """YES_NO_LN subtracts wpe[t+1] at position t: changing wpe[T] (used by nothing else for a
+    length-T input) changes only the last position's logits, by exactly -delta @ wte.T."""
     cfg = tiny(arch=arch, context_size=8, sub_pos_embed_to_decoder="YES_NO_LN")
     m = make(cfg).eval()
     x, _ = batch(cfg, T=T)
@@ -650,19 +701,22 @@ def test_pos_sub_uses_next_position(T, arch):
         after = m(x)[0]
         expected = -(delta @ m.wte.weight.T)  # (V,)
     assert torch.equal(after[:, :T - 1], before[:, :T - 1])
-    torch.testing.assert_close(after[:, T - 1] - before[:, T - 1], expected.expand(x.size(0), -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(after[:, T - 1] - before[:, T - 1], expected.expand(x.size(0), -1),
+                               atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("T", [8, 5])
 @pytest.mark.parametrize("sub", ["YES_NO_LN", "YES_LN"])
 def test_gpt_pos_sub_subtracts_wpe(T, sub):
-    """docs/model.md, Beyond the author: the GPT with pos sub is the plain GPT with the same weights, its ln_f output
-    minus wpe[1..T] (then ln_post for YES_LN) before the tied head: logits = (ln_f(x) - wpe[1..T]) @ wte.T."""
+    """docs/model.md, Beyond the author: the GPT with pos sub is the plain GPT with the same
+    weights, its ln_f output minus wpe[1..T] (then ln_post for YES_LN) before the tied head:
+    logits = (ln_f(x) - wpe[1..T]) @ wte.T."""
     cfg = tiny(arch="gpt", context_size=8, sub_pos_embed_to_decoder=sub)
     m = make(cfg).eval()
     plain = build_model(tiny(arch="gpt", context_size=8)).eval()
     weights = {k: v for k, v in m.state_dict().items() if not k.startswith("ln_post.")}
-    plain.load_state_dict({**weights, "wpe.weight": weights["wpe.weight"][:8]})  # the extra row is pos sub's alone
+    # the extra row is pos sub's alone
+    plain.load_state_dict({**weights, "wpe.weight": weights["wpe.weight"][:8]})
     x, _ = batch(cfg, T=T)
     with torch.no_grad():
         out = plain.hidden_states(x)[0] - m.wpe.weight[1:T + 1]  # (B, T, C)
@@ -674,7 +728,8 @@ def test_gpt_pos_sub_subtracts_wpe(T, sub):
 
 @pytest.mark.parametrize("T", [8, 5])
 def test_pos_add_uses_next_position(T):
-    """add_pos_embed_to_decoder adds wpe[t+1] at position t: changing wpe[T] changes only the last position."""
+    """add_pos_embed_to_decoder adds wpe[t+1] at position t: changing wpe[T] changes only the last
+    position."""
     cfg = tiny(context_size=8, add_pos_embed_to_decoder=True)
     m = make(cfg).eval()
     x, _ = batch(cfg, T=T)
@@ -687,14 +742,16 @@ def test_pos_add_uses_next_position(T):
 
 
 def test_pos_add_keeps_the_autocast_dtype():
-    """add_pos_embed_to_decoder adds in place, as the author's `decoder_x += wpe(...)`: under bf16 autocast the
-    decoder stream stays bf16 (the fp32 sum rounded once), not promoted to fp32 by the fp32 wpe."""
+    """add_pos_embed_to_decoder adds in place, as the author's `decoder_x += wpe(...)`: under bf16
+    autocast the decoder stream stays bf16 (the fp32 sum rounded once), not promoted to fp32 by the
+    fp32 wpe."""
     cfg = tiny(context_size=8, add_pos_embed_to_decoder=True)
     m = make(cfg).eval()
     x, _ = batch(cfg)
     seen = {}
     m.bridge.register_forward_hook(lambda mod, inp, out: seen.update(bridge=out.clone()))
-    m.decoder_blocks[0].register_forward_pre_hook(lambda mod, args, kwargs: seen.update(dec=args[0]), with_kwargs=True)
+    m.decoder_blocks[0].register_forward_pre_hook(
+        lambda mod, args, kwargs: seen.update(dec=args[0]), with_kwargs=True)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         m(x)
     assert seen["bridge"].dtype == torch.bfloat16
@@ -705,14 +762,18 @@ def test_pos_add_keeps_the_autocast_dtype():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_pos_add_in_place_is_bit_identical_in_full_precision(dtype):
-    """Outside autocast the in-place add gives bit for bit what `dec = dec + wpe(pos + 1)` gave: the same
-    logits, loss and gradients (written out here with a hook on an otherwise identical model)."""
-    cfg = tiny(context_size=8, add_pos_embed_to_decoder=True, embedding_loss_type="MSE", detach_type="NONE")
+    """Outside autocast the in-place add gives bit for bit what `dec = dec + wpe(pos + 1)` gave: the
+    same logits, loss and gradients (written out here with a hook on an otherwise identical
+    model)."""
+    cfg = tiny(context_size=8, add_pos_embed_to_decoder=True, embedding_loss_type="MSE",
+               detach_type="NONE")
     a = make(cfg).to(dtype)
     b = make(cfg).to(dtype)
     b.config = dataclasses.replace(cfg)
-    b.config.add_pos_embed_to_decoder = False  # b's forward skips the add; the hook does it out of place
-    b.bridge.register_forward_hook(lambda mod, inp, out: out + b.wpe(torch.arange(1, out.size(1) + 1)))
+    # b's forward skips the add; the hook does it out of place
+    b.config.add_pos_embed_to_decoder = False
+    b.bridge.register_forward_hook(
+        lambda mod, inp, out: out + b.wpe(torch.arange(1, out.size(1) + 1)))
     x, y = batch(cfg)
     for m in (a, b):
         logits, loss = m(x, y)
@@ -735,18 +796,23 @@ CAUSAL_VARIANTS = [
     dict(n_layer=1, n_decoder_layer=3, order_type="ALT", add_pos_embed_to_decoder=True),
     dict(embedding_loss_type="MSE", embedding_agg_type="LEARNED", detach_type="NONE"),
     dict(),
-    dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True),
+    dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN",
+         add_ln_before_decoder_ff=True),
     dict(sub_pos_embed_to_decoder="YES_NO_LN", embedding_loss_type="MSE", detach_type="NONE"),
-    dict(order_type="ALT", embedding_loss_type="COSINE", embedding_ln_type="AVG_CUM_SUM", detach_type="EMBEDDING"),
-    dict(add_pos_embed_to_decoder=True, embedding_loss_type="LOG_COSINE", use_ln_on_encoder_out=False),
+    dict(order_type="ALT", embedding_loss_type="COSINE", embedding_ln_type="AVG_CUM_SUM",
+         detach_type="EMBEDDING"),
+    dict(add_pos_embed_to_decoder=True, embedding_loss_type="LOG_COSINE",
+         use_ln_on_encoder_out=False),
 ]
 
 
-@pytest.mark.parametrize("kw", CAUSAL_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+@pytest.mark.parametrize("kw", CAUSAL_VARIANTS,
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
 @pytest.mark.parametrize("training", [False, True])
 def test_causality(kw, training):
-    """Changing token k leaves the logits of positions < k bit-identical (an unmasked self- or cross-attention,
-    or a position shift in the wrong direction, would leak the future). Eval mode and train mode (dropout 0)."""
+    """Changing token k leaves the logits of positions < k bit-identical (an unmasked self- or
+    cross-attention, or a position shift in the wrong direction, would leak the future). Eval mode
+    and train mode (dropout 0)."""
     cfg = tiny(context_size=12, **kw)
     m = make(cfg).train(training)
     x, y = batch(cfg)
@@ -773,17 +839,19 @@ CACHE_VARIANTS = [
     dict(n_layer=1, n_decoder_layer=3, order_type="ALT"),
     dict(embedding_loss_type="MSE", embedding_agg_type="LEARNED"),
     dict(),
-    dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True,
-         use_bias=True),
+    dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN",
+         add_ln_before_decoder_ff=True, use_bias=True),
     dict(sub_pos_embed_to_decoder="YES_NO_LN", embedding_loss_type="MSE", cross_attn_n_head=2),
 ]
 
 
-@pytest.mark.parametrize("kw", CACHE_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+@pytest.mark.parametrize("kw", CACHE_VARIANTS,
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
 @pytest.mark.parametrize("prompt_len", [1, 3])
 def test_kv_cache_matches_uncached(kw, prompt_len):
-    """next_logits with a cache gives, at every step and also past context_size, the logits of the plain
-    forward on the sliding window (the last context_size tokens), last position (fp32, atol 1e-4)."""
+    """next_logits with a cache gives, at every step and also past context_size, the logits of the
+    plain forward on the sliding window (the last context_size tokens), last position (fp32, atol
+    1e-4)."""
     cfg = tiny(context_size=8, **kw)
     m = make(cfg).eval()
     seq, _ = batch(cfg, T=cfg.context_size + 7)  # (2, 15)
@@ -798,10 +866,12 @@ def test_kv_cache_matches_uncached(kw, prompt_len):
                 assert cache.pos == t  # the cache really holds every position so far
 
 
-@pytest.mark.parametrize("kw", CACHE_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+@pytest.mark.parametrize("kw", CACHE_VARIANTS,
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
 def test_kv_cache_multi_token_steps(kw):
-    """The cache can also be advanced by several tokens at once (the new queries see the cached keys and each
-    other causally): feeding 3, 2, 1, 2 tokens gives the uncached logits after each call."""
+    """The cache can also be advanced by several tokens at once (the new queries see the cached keys
+    and each other causally): feeding 3, 2, 1, 2 tokens gives the uncached logits after each
+    call."""
     cfg = tiny(context_size=8, **kw)
     m = make(cfg).eval()
     seq, _ = batch(cfg, T=cfg.context_size)
@@ -809,13 +879,16 @@ def test_kv_cache_multi_token_steps(kw):
     with torch.no_grad():
         for t in (3, 5, 6, 8):
             cached = m.next_logits(seq[:, :t], cache)
-            torch.testing.assert_close(cached, m(seq[:, :t])[0][:, -1], atol=1e-4, rtol=0, msg=f"after {t} tokens")
+            torch.testing.assert_close(cached, m(seq[:, :t])[0][:, -1], atol=1e-4, rtol=0,
+                                       msg=f"after {t} tokens")
 
 
 def test_compiled_decode_step_matches_uncached():
-    """compile_decode_step (torch.compile, inductor): the compiled one-token steps give the uncached sliding-window
-    logits at every step, past context_size too, from one compilation (a recompile per position would fail)."""
-    cfg = tiny(context_size=8, sub_pos_embed_to_decoder="YES_NO_LN", embedding_loss_type="MSE", use_bias=True)
+    """compile_decode_step (torch.compile, inductor): the compiled one-token steps give the uncached
+    sliding-window logits at every step, past context_size too, from one compilation (a recompile
+    per position would fail)."""
+    cfg = tiny(context_size=8, sub_pos_embed_to_decoder="YES_NO_LN", embedding_loss_type="MSE",
+               use_bias=True)
     m = make(cfg).eval()
     seq, _ = batch(cfg, T=cfg.context_size + 5)  # (2, 13)
     torch._dynamo.reset()
@@ -827,16 +900,20 @@ def test_compiled_decode_step_matches_uncached():
                 cached = m.next_logits(seq[:, :t], cache)
                 expected = m(seq[:, max(0, t - cfg.context_size):t])[0][:, -1]
                 torch.testing.assert_close(cached, expected, atol=1e-4, rtol=0, msg=f"step {t}")
-        # generate grows idx by one token a step: the step's input must not bring a new stride each time
+        # generate grows idx by one token a step: the step's input must not bring a new stride each
+        # time
         compiled = m.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1)
     m.compiled_decode_step = None
-    assert torch.equal(compiled, m.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1, kv_cache=False))
+    assert torch.equal(compiled, m.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1,
+                                            kv_cache=False))
 
 
-@pytest.mark.parametrize("kw", CACHE_VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
+@pytest.mark.parametrize("kw", CACHE_VARIANTS,
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "aed")
 def test_generate_cache_equals_no_cache(kw):
-    """generate gives the same tokens with and without the KV cache, past context_size: greedy (top_k=1),
-    and sampled with the same seed (the sampled stream is varied, so a wrong logit would show quickly)."""
+    """generate gives the same tokens with and without the KV cache, past context_size: greedy
+    (top_k=1), and sampled with the same seed (the sampled stream is varied, so a wrong logit would
+    show quickly)."""
     cfg = tiny(context_size=8, **kw)
     m = make(cfg).eval()
     prompt, _ = batch(cfg, T=3)
@@ -855,7 +932,8 @@ def test_generate_cache_equals_no_cache(kw):
 
 @pytest.mark.parametrize("kv_cache", [False, True])
 def test_generate_temperature_zero_is_argmax(kv_cache):
-    """temperature=0 is greedy: each new token is the argmax of the full model's logits, past context_size too."""
+    """temperature=0 is greedy: each new token is the argmax of the full model's logits, past
+    context_size too."""
     cfg = tiny(context_size=8, sub_pos_embed_to_decoder="YES_NO_LN")
     m = make(cfg).eval()
     prompt, _ = batch(cfg, T=3)
@@ -873,9 +951,11 @@ def test_generate_temperature_zero_is_argmax(kv_cache):
 
 
 def test_eval_loss_is_ce_only():
-    """Eval mode: loss = F.cross_entropy of the returned logits, last_embedding_loss None. Training mode
-    (dropout 0): loss = last_ce + coeff * last_embedding_loss and last_ce = F.cross_entropy(logits)."""
-    cfg = tiny(embedding_loss_type="MSE", embedding_loss_coeff=8.0, sub_pos_embed_to_decoder="YES_NO_LN")
+    """Eval mode: loss = F.cross_entropy of the returned logits, last_embedding_loss None. Training
+    mode (dropout 0): loss = last_ce + coeff * last_embedding_loss and
+    last_ce = F.cross_entropy(logits)."""
+    cfg = tiny(embedding_loss_type="MSE", embedding_loss_coeff=8.0,
+               sub_pos_embed_to_decoder="YES_NO_LN")
     m = make(cfg)
     x, y = batch(cfg)
     m.eval()
@@ -891,7 +971,8 @@ def test_eval_loss_is_ce_only():
     torch.testing.assert_close(m.last_ce, ce.detach(), atol=1e-6, rtol=1e-6)
     assert m.last_embedding_loss.item() > 1e-3
     assert not m.last_ce.requires_grad and not m.last_embedding_loss.requires_grad
-    torch.testing.assert_close(loss.detach(), m.last_ce + 8.0 * m.last_embedding_loss, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(loss.detach(), m.last_ce + 8.0 * m.last_embedding_loss, atol=1e-5,
+                               rtol=1e-6)
     assert m(x)[1] is None  # no targets, no loss
     plain = make(tiny()).train()  # no embedding loss at all
     plain(x, y)
@@ -908,26 +989,31 @@ def test_return_logits_false_returns_the_loss_alone():
 
 
 def padded_pair(arch, vocab_size=50, multiple=64):
-    """The same model (float64) without and with vocab_pad_multiple: the same weights in the real rows of wte, and
-    random ones in the padding rows, so that any use of them would show."""
-    kw = dict(embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="NONE") if arch == "aed" else {}
-    cfg = tiny(arch=arch, vocab_size=vocab_size, context_size=8, sub_pos_embed_to_decoder="YES_NO_LN", **kw)
+    """The same model (float64) without and with vocab_pad_multiple: the same weights in the real
+    rows of wte, and random ones in the padding rows, so that any use of them would show."""
+    kw = (dict(embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="NONE")
+          if arch == "aed" else {})
+    cfg = tiny(arch=arch, vocab_size=vocab_size, context_size=8,
+               sub_pos_embed_to_decoder="YES_NO_LN", **kw)
     plain = make(cfg).double().train()
     padded = build_model(dataclasses.replace(cfg, vocab_pad_multiple=multiple)).double().train()
     state = plain.state_dict()
-    state["wte.weight"] = torch.cat((state["wte.weight"], torch.randn(padded.wte.weight.size(0) - vocab_size,
-                                                                      cfg.n_embed, dtype=torch.float64)))
+    state["wte.weight"] = torch.cat((state["wte.weight"],
+                                     torch.randn(padded.wte.weight.size(0) - vocab_size,
+                                                 cfg.n_embed, dtype=torch.float64)))
     padded.load_state_dict(state)
     return cfg, plain, padded
 
 
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
 def test_vocab_padding_changes_no_output(arch):
-    """vocab_pad_multiple=64 gives wte 64 rows for a vocabulary of 50, and nothing else changes: with the same
-    weights in the real rows, the loss, the logits (vocab_size wide) and every gradient equal the unpadded model's
-    (float64); the padding rows get no gradient, and get_num_params does not count them."""
+    """vocab_pad_multiple=64 gives wte 64 rows for a vocabulary of 50, and nothing else changes:
+    with the same weights in the real rows, the loss, the logits (vocab_size wide) and every
+    gradient equal the unpadded model's (float64); the padding rows get no gradient, and
+    get_num_params does not count them."""
     cfg, plain, padded = padded_pair(arch)
-    assert tuple(padded.wte.weight.shape) == (64, cfg.n_embed) and tuple(plain.wte.weight.shape) == (50, cfg.n_embed)
+    assert (tuple(padded.wte.weight.shape) == (64, cfg.n_embed)
+            and tuple(plain.wte.weight.shape) == (50, cfg.n_embed))
     assert padded.get_num_params() == plain.get_num_params()
     assert padded.flops_per_token() == plain.flops_per_token()
     x, y = batch(cfg, B=3)
@@ -947,12 +1033,14 @@ def test_vocab_padding_changes_no_output(arch):
 
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
 def test_vocab_padding_generates_the_same_tokens(arch):
-    """A padded model generates what the unpadded one does, greedy and sampled with the same seed, with and
-    without the KV cache: its logits are vocab_size wide, so a padding id can never be drawn."""
+    """A padded model generates what the unpadded one does, greedy and sampled with the same seed,
+    with and without the KV cache: its logits are vocab_size wide, so a padding id can never be
+    drawn."""
     cfg, plain, padded = padded_pair(arch)
     plain.eval(), padded.eval()
     with torch.no_grad():
-        padded.wte.weight[cfg.vocab_size:] = 100.0 * padded.wte.weight[:cfg.vocab_size].abs().max()  # loud rows
+        # loud rows
+        padded.wte.weight[cfg.vocab_size:] = 100.0 * padded.wte.weight[:cfg.vocab_size].abs().max()
     prompt, _ = batch(cfg, T=3)
     for kw in (dict(top_k=1), dict(temperature=2.0), dict(temperature=2.0, kv_cache=False)):
         out = []
@@ -964,16 +1052,19 @@ def test_vocab_padding_generates_the_same_tokens(arch):
 
 
 @pytest.mark.parametrize("kw", [dict(arch="gpt"),
-                                dict(embedding_loss_type="MSE", embedding_loss_coeff=8.0, detach_type="NONE"),
-                                dict(embedding_loss_type="COSINE", sub_pos_embed_to_decoder="YES_NO_LN")],
+                                dict(embedding_loss_type="MSE", embedding_loss_coeff=8.0,
+                                     detach_type="NONE"),
+                                dict(embedding_loss_type="COSINE",
+                                     sub_pos_embed_to_decoder="YES_NO_LN")],
                          ids=["gpt", "aed-mse", "aed-cosine"])
 def test_micro_batches_give_the_same_gradients(kw):
-    """The same 8 sequences a step, as 1 micro-batch of 8, 2 of 4, 4 of 2 or 8 of 1, each loss divided by the
-    number of micro-batches and the gradients accumulated (as train.py does), give the same gradients (float64).
-    Both parts of the loss are means over the micro-batch: ce over its B * T positions, the embedding loss over its
-    B * T * C values (MSE) or B * T positions (COSINE), each of the author's cumulative means within one sequence.
-    So with micro-batches of equal size the mean of their means is the mean over the whole step, and the split
-    changes nothing but rounding; micro-batches of unequal size would weigh their tokens unequally."""
+    """The same 8 sequences a step, as 1 micro-batch of 8, 2 of 4, 4 of 2 or 8 of 1, each loss
+    divided by the number of micro-batches and the gradients accumulated (as train.py does), give
+    the same gradients (float64). Both parts of the loss are means over the micro-batch: ce over its
+    B * T positions, the embedding loss over its B * T * C values (MSE) or B * T positions (COSINE),
+    each of the author's cumulative means within one sequence. So with micro-batches of equal size
+    the mean of their means is the mean over the whole step, and the split changes nothing but
+    rounding; micro-batches of unequal size would weigh their tokens unequally."""
     cfg = tiny(context_size=8, **kw)
     m = make(cfg).double().train()
     x, y = batch(cfg, B=8)
@@ -986,14 +1077,17 @@ def test_micro_batches_give_the_same_gradients(kw):
         m.zero_grad(set_to_none=True)
     for micro_steps in (2, 4, 8):
         for name, g in result[1].items():
-            torch.testing.assert_close(result[micro_steps][name], g, atol=1e-14, rtol=1e-11, msg=name)
+            torch.testing.assert_close(result[micro_steps][name], g, atol=1e-14, rtol=1e-11,
+                                       msg=name)
     assert all(g.abs().max() > 0 for n, g in result[1].items() if n != "embedding_agg")
 
 
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
 def test_overfit_one_batch(arch):
-    """A tiny model of each architecture memorizes one small batch: ce from ~ln(64) = 4.2 to below 0.5."""
-    kw = dict(embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_NO_LN") if arch == "aed" else {}
+    """A tiny model of each architecture memorizes one small batch: ce from ~ln(64) = 4.2 to below
+    0.5."""
+    kw = (dict(embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_NO_LN")
+          if arch == "aed" else {})
     cfg = tiny(arch=arch, context_size=16, n_layer=1 if arch == "aed" else 2, **kw)
     m = make(cfg, scramble=False).train()
     x, y = batch(cfg, B=4)
@@ -1048,10 +1142,11 @@ INVALID = [
 ] + [
     # AED-only options with arch="gpt"
     (dict(arch="gpt", **{k: v}), k) for k, v in [
-        ("n_decoder_layer", 2), ("cross_attn_n_head", 8), ("cross_attn_use_bias", False), ("order_type", "ALT"),
-        ("add_ln_before_decoder_ff", True), ("add_pos_embed_to_decoder", True),
-        ("embedding_loss_type", "MSE"), ("embedding_loss_coeff", 1.0), ("detach_type", "NONE"),
-        ("embedding_ln_type", "INIT"), ("use_ln_on_encoder_out", True), ("embedding_agg_type", "MEAN")]
+        ("n_decoder_layer", 2), ("cross_attn_n_head", 8), ("cross_attn_use_bias", False),
+        ("order_type", "ALT"), ("add_ln_before_decoder_ff", True),
+        ("add_pos_embed_to_decoder", True), ("embedding_loss_type", "MSE"),
+        ("embedding_loss_coeff", 1.0), ("detach_type", "NONE"), ("embedding_ln_type", "INIT"),
+        ("use_ln_on_encoder_out", True), ("embedding_agg_type", "MEAN")]
 ]
 
 
@@ -1063,16 +1158,18 @@ def test_invalid_config_raises(kw, field):
 
 
 def test_valid_defaults():
-    """The loss options fill in their defaults (docs/model.md, Options) when the loss is on; cross-attention defaults
-    to 2 * n_head heads and use_bias; n_decoder_layer to n_layer."""
+    """The loss options fill in their defaults (docs/model.md, Options) when the loss is on;
+    cross-attention defaults to 2 * n_head heads and use_bias; n_decoder_layer to n_layer."""
     cfg = tiny(embedding_loss_type="MSE", use_bias=True)
-    filled = (cfg.embedding_loss_coeff, cfg.detach_type, cfg.embedding_ln_type, cfg.use_ln_on_encoder_out,
-              cfg.embedding_agg_type)
+    filled = (cfg.embedding_loss_coeff, cfg.detach_type, cfg.embedding_ln_type,
+              cfg.use_ln_on_encoder_out, cfg.embedding_agg_type)
     assert filled == (1.0, "ENCODER_OUT", "INIT", True, "MEAN")
     assert (cfg.cross_attn_n_head, cfg.cross_attn_use_bias, cfg.n_decoder_layer) == (8, True, 2)
     assert tiny().embedding_agg_type is None  # no loss
-    tiny(arch="gpt", order_type="ORIGINAL", sub_pos_embed_to_decoder="NO")  # defaults are fine for gpt
-    assert tiny(arch="gpt", sub_pos_embed_to_decoder="YES_LN").n_decoder_layer is None  # pos sub is both archs'
+    # defaults are fine for gpt
+    tiny(arch="gpt", order_type="ORIGINAL", sub_pos_embed_to_decoder="NO")
+    # pos sub is both archs'
+    assert tiny(arch="gpt", sub_pos_embed_to_decoder="YES_LN").n_decoder_layer is None
     assert tiny(n_layer=3, n_decoder_layer=1).n_decoder_layer == 1
 
 
@@ -1093,17 +1190,18 @@ def test_sequence_longer_than_context_raises(arch):
 RESIDUAL_PROJ = re.compile(r"(attn|cross_attn|mlp)\.c_proj\.weight$")
 
 
-@pytest.mark.parametrize("arch,n_layer,n_decoder_layer", [("aed", 13, None), ("gpt", 8, None), ("aed", 3, 1),
-                                                     ("aed", 1, 3)])
+@pytest.mark.parametrize("arch,n_layer,n_decoder_layer",
+                         [("aed", 13, None), ("gpt", 8, None), ("aed", 3, 1), ("aed", 1, 3)])
 def test_init(arch, n_layer, n_decoder_layer):
-    """Residual output projections (attention, cross-attention, MLP out) ~ N(0, 0.02 / sqrt(2 * n_layer)) with
-    the config's n_layer (13 for the AED, not 26); with unequal depths (docs/model.md, Beyond the author) each
-    stream by its own depth, the decoder's by n_decoder_layer; every other Linear / Embedding ~ N(0, 0.02); biases 0,
-    LayerNorm weights 1; with use_bias every Linear and LayerNorm has a bias."""
+    """Residual output projections (attention, cross-attention, MLP out)
+    ~ N(0, 0.02 / sqrt(2 * n_layer)) with the config's n_layer (13 for the AED, not 26); with
+    unequal depths (docs/model.md, Beyond the author) each stream by its own depth, the decoder's
+    by n_decoder_layer; every other Linear / Embedding ~ N(0, 0.02); biases 0, LayerNorm weights
+    1; with use_bias every Linear and LayerNorm has a bias."""
     kw = {}
     if arch == "aed":  # every optional Linear / LayerNorm present
-        kw = dict(embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True,
-                  n_decoder_layer=n_decoder_layer)
+        kw = dict(embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_LN",
+                  add_ln_before_decoder_ff=True, n_decoder_layer=n_decoder_layer)
     cfg = tiny(arch=arch, n_embed=64, n_layer=n_layer, n_head=4, use_bias=True, **kw)
     m = make(cfg, scramble=False)
     n_dec = n_layer if n_decoder_layer is None else n_decoder_layer
@@ -1119,29 +1217,33 @@ def test_init(arch, n_layer, n_decoder_layer):
             want = 0.02
             if RESIDUAL_PROJ.search(name + ".weight"):
                 n_resid += 1
-                want = 0.02 / math.sqrt(2 * (n_dec if name.startswith("decoder_blocks.") else n_layer))
-            assert abs(w.std().item() / want - 1) < 0.1, f"{name}: std {w.std().item():.5f}, want {want:.5f}"
+                want = 0.02 / math.sqrt(2 * (n_dec if name.startswith("decoder_blocks.")
+                                             else n_layer))
+            assert abs(w.std().item() / want - 1) < 0.1, (f"{name}: std {w.std().item():.5f}, "
+                                                          f"want {want:.5f}")
             assert abs(w.mean().item()) < 0.1 * want, name
-    assert n_resid == (2 * n_layer + 3 * n_dec if arch == "aed" else 2 * n_layer)  # enc: attn, mlp; dec: + cross
+    # enc: attn, mlp; dec: + cross
+    assert n_resid == (2 * n_layer + 3 * n_dec if arch == "aed" else 2 * n_layer)
 
 
 def test_bias_flags():
-    """use_bias=False removes every bias except the two embedding-loss LayerNorms'; cross_attn_use_bias
-    controls the cross-attention Linears alone."""
-    cfg = tiny(embedding_loss_type="MSE", use_bias=False, cross_attn_use_bias=True, sub_pos_embed_to_decoder="YES_LN",
-               add_ln_before_decoder_ff=True)
+    """use_bias=False removes every bias except the two embedding-loss LayerNorms';
+    cross_attn_use_bias controls the cross-attention Linears alone."""
+    cfg = tiny(embedding_loss_type="MSE", use_bias=False, cross_attn_use_bias=True,
+               sub_pos_embed_to_decoder="YES_LN", add_ln_before_decoder_ff=True)
     m = make(cfg, scramble=False)
-    with_bias = {n for n, mod in m.named_modules() if isinstance(mod, (torch.nn.Linear, torch.nn.LayerNorm))
-                 and mod.bias is not None}
+    with_bias = {n for n, mod in m.named_modules()
+                 if isinstance(mod, (torch.nn.Linear, torch.nn.LayerNorm)) and mod.bias is not None}
     assert {"ln_a", "ln_b"} <= with_bias
     assert all(n in ("ln_a", "ln_b") or ".cross_attn." in n for n in with_bias), with_bias
-    assert sum(".cross_attn." in n for n in with_bias) == 3 * cfg.n_layer  # q, kv, out per decoder block
+    # q, kv, out per decoder block
+    assert sum(".cross_attn." in n for n in with_bias) == 3 * cfg.n_layer
 
 
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
 def test_dropout_train_only(arch):
-    """With dropout_rate 0.5, eval mode is deterministic and equal to the same weights without dropout (so no
-    attention or residual dropout in eval); train mode is random."""
+    """With dropout_rate 0.5, eval mode is deterministic and equal to the same weights without
+    dropout (so no attention or residual dropout in eval); train mode is random."""
     kw = dict(embedding_loss_type="MSE") if arch == "aed" else {}
     cfg = tiny(arch=arch, dropout_rate=0.5, **kw)
     m = make(cfg).eval()
@@ -1159,11 +1261,12 @@ def test_dropout_train_only(arch):
 
 
 def test_configure_optimizers():
-    """AdamW; parameters with dim >= 2 get the weight decay, the others 0 (the LEARNED aggregation's weights
-    among them: decay would shrink the average); every parameter exactly once."""
+    """AdamW; parameters with dim >= 2 get the weight decay, the others 0 (the LEARNED aggregation's
+    weights among them: decay would shrink the average); every parameter exactly once."""
     cfg = tiny(embedding_loss_type="MSE", use_bias=True, embedding_agg_type="LEARNED")
     m = make(cfg, scramble=False)
-    opt = m.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95), device_type="cpu")
+    opt = m.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95),
+                                 device_type="cpu")
     assert isinstance(opt, torch.optim.AdamW)
     seen = []
     for group in opt.param_groups:
@@ -1171,18 +1274,21 @@ def test_configure_optimizers():
         for p in group["params"]:
             seen.append(id(p))
             assert group["weight_decay"] == (0.1 if p.dim() >= 2 else 0.0)
-    assert sorted(seen) == sorted(id(p) for p in m.parameters())  # parameters() has the tied wte once
+    # parameters() has the tied wte once
+    assert sorted(seen) == sorted(id(p) for p in m.parameters())
     assert len(seen) == len(set(seen))
-    assert any(p is m.embedding_agg for p in opt.param_groups[1]["params"]) and opt.param_groups[1]["weight_decay"] == 0
+    assert (any(p is m.embedding_agg for p in opt.param_groups[1]["params"])
+            and opt.param_groups[1]["weight_decay"] == 0)
 
 
 def test_fused_adamw_on_cpu_matches_default():
-    """configure_optimizers fuses AdamW on CPU too (~10x faster per step there); 20 steps of it equal torch's
-    default (foreach) AdamW to float tolerance."""
+    """configure_optimizers fuses AdamW on CPU too (~10x faster per step there); 20 steps of it
+    equal torch's default (foreach) AdamW to float tolerance."""
     # no biases: a key bias has a zero gradient up to rounding noise, which Adam blows up to +-lr
     cfg = tiny(embedding_loss_type="MSE")
     m_fused, m_ref = make(cfg, scramble=False), make(cfg, scramble=False)
-    opt = m_fused.configure_optimizers(weight_decay=0.1, learning_rate=1e-2, betas=(0.9, 0.95), device_type="cpu")
+    opt = m_fused.configure_optimizers(weight_decay=0.1, learning_rate=1e-2, betas=(0.9, 0.95),
+                                       device_type="cpu")
     assert opt.defaults["fused"] is True
     groups = [{"params": [p for p in m_ref.parameters() if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in m_ref.parameters() if p.dim() < 2], "weight_decay": 0.0}]
@@ -1202,16 +1308,16 @@ def test_fused_adamw_on_cpu_matches_default():
 # torch.compile: one graph
 
 
-AUTHOR_CONFIGS = ["baseline.py", "baseline_small.py", "baseline_dropout.py", "aed_mse_possub.py", "aed_mse.py",
-                  "aed_cosine.py", "aed_plain.py", "aed_possub.py"]
+AUTHOR_CONFIGS = ["baseline.py", "baseline_small.py", "baseline_dropout.py", "aed_mse_possub.py",
+                  "aed_mse.py", "aed_cosine.py", "aed_plain.py", "aed_possub.py"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("T", [16, 5])
 def test_cumulative_mean_is_cumsum_bit_for_bit(dtype, T):
-    """The MEAN aggregation, with its cumsum as an operator torch.compile keeps whole (model.cumsum_time), gives
-    bit for bit what E.cumsum(1) / (t + 1) gives, and so do its gradients (ATen's cumsum backward: a reversed
-    cumsum of the incoming gradient)."""
+    """The MEAN aggregation, with its cumsum as an operator torch.compile keeps whole
+    (model.cumsum_time), gives bit for bit what E.cumsum(1) / (t + 1) gives, and so do its gradients
+    (ATen's cumsum backward: a reversed cumsum of the incoming gradient)."""
     m = make(tiny(context_size=16, embedding_loss_type="MSE"))
     E = torch.randn(3, T, 32, dtype=dtype, requires_grad=True)
     g = torch.randn(3, T, 32, dtype=dtype)
@@ -1223,13 +1329,16 @@ def test_cumulative_mean_is_cumsum_bit_for_bit(dtype, T):
 
 def small_author_config(fname, **kw):
     """One of the author's configs with every option kept, at a size that compiles in seconds."""
-    return load_config_file(fname, **{**dict(n_layer=1, vocab_size=64, context_size=16, dropout_rate=0.0), **kw})
+    return load_config_file(fname,
+                            **{**dict(n_layer=1, vocab_size=64, context_size=16, dropout_rate=0.0),
+                               **kw})
 
 
 @pytest.mark.parametrize("fname", AUTHOR_CONFIGS)
 def test_author_configs_trace_as_one_graph(fname):
-    """Each of the author's eight configs (every option kept, small sizes) traces, in training mode with targets
-    and the full logits (the GPU path), as one graph with no graph break, so torch.compile sees the whole step."""
+    """Each of the author's eight configs (every option kept, small sizes) traces, in training mode
+    with targets and the full logits (the GPU path), as one graph with no graph break, so
+    torch.compile sees the whole step."""
     cfg = small_author_config(fname)
     m = make(cfg).train()
     x, y = batch(cfg)
@@ -1239,10 +1348,11 @@ def test_author_configs_trace_as_one_graph(fname):
 
 
 def test_compiled_aed_equals_eager_on_cpu():
-    """The AED with the author's key options (MSE embedding loss, its cumulative mean, pos sub) compiles whole with
-    Inductor on CPU (fullgraph=True: a graph break would fail), forward and backward, and the compiled loss and
-    gradients equal eager's to fp32 tolerance."""
-    cfg = small_author_config("aed_mse_possub.py", n_embed=16, n_head=2, cross_attn_n_head=4, context_size=8)
+    """The AED with the author's key options (MSE embedding loss, its cumulative mean, pos sub)
+    compiles whole with Inductor on CPU (fullgraph=True: a graph break would fail), forward and
+    backward, and the compiled loss and gradients equal eager's to fp32 tolerance."""
+    cfg = small_author_config("aed_mse_possub.py", n_embed=16, n_head=2, cross_attn_n_head=4,
+                              context_size=8)
     m = make(cfg).train()
     x, y = batch(cfg)
     torch._dynamo.reset()
@@ -1266,10 +1376,11 @@ def test_compiled_aed_equals_eager_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("fname", AUTHOR_CONFIGS)
 def test_author_configs_compile_on_cuda(fname):
-    """Each of the author's configs (at 2 + 2 blocks, every option kept) compiles as one graph with inductor's CUDA
-    code and trains in bf16 autocast as train.py runs it: the compiled loss and gradients equal eager's to bf16
-    tolerance. At context 200 and batch 4, the shapes at which Inductor's own code for the embedding loss's cumsum
-    failed to compile (docs/gpu.md, The cumsum graph break); model.cumsum_time keeps it out of that code."""
+    """Each of the author's configs (at 2 + 2 blocks, every option kept) compiles as one graph with
+    inductor's CUDA code and trains in bf16 autocast as train.py runs it: the compiled loss and
+    gradients equal eager's to bf16 tolerance. At context 200 and batch 4, the shapes at which
+    Inductor's own code for the embedding loss's cumsum failed to compile (docs/gpu.md, The cumsum
+    graph break); model.cumsum_time keeps it out of that code."""
     torch._dynamo.reset()  # a fresh compile per config, not a recompile-limit fallback to eager
     cfg = load_config_file(fname, n_layer=2, dropout_rate=0.0)
     m = make(cfg, scramble=False).cuda()
