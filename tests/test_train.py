@@ -1,7 +1,7 @@
 """
-Tests of configurator.py, train.py, rundir.py, sample.py and checkpoint.py. The scripts run as users run them
-(subprocesses; cases that need no process of their own run in this process through run_here) on tiny
-models and tiny generated data.
+Tests of configurator.py, train.py, rundir.py, sample.py and checkpoint.py. The scripts run as users
+run them (subprocesses; cases that need no process of their own run in this process through
+run_here) on tiny models and tiny generated data.
 """
 import contextlib
 import errno
@@ -32,10 +32,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the reposi
 PY = sys.executable
 
 # a tiny AED model (with the MSE embedding loss and the positional subtraction) on a tiny corpus
-TINY = ['--arch=aed', '--vocab_size=1024', '--n_layer=1', '--n_embed=16', '--n_head=2', '--context_size=16',
-        '--embedding_loss_type=MSE', '--sub_pos_embed_to_decoder=YES_NO_LN',
+TINY = ['--arch=aed', '--vocab_size=1024', '--n_layer=1', '--n_embed=16', '--n_head=2',
+        '--context_size=16', '--embedding_loss_type=MSE', '--sub_pos_embed_to_decoder=YES_NO_LN',
         '--batch_size=4', '--gradient_accumulation_steps=2', '--lr=3e-3', '--warmup_iters=2',
-        '--lr_decay_iters=1000', '--est_steps=2', '--compile=False', '--dtype=float32', '--device=cpu']
+        '--lr_decay_iters=1000', '--est_steps=2', '--compile=False', '--dtype=float32',
+        '--device=cpu']
 
 
 # ----------------------------------------------------------------------------- configurator
@@ -45,12 +46,15 @@ DEFAULTS = {'lr': 9e-4, 'batch_size': 50, 'compile': True, 'out_dir': 'out', 'de
 
 def test_cli_values_types_and_order(tmp_path):
     cfg = tmp_path / 'c.py'
-    cfg.write_text("import math\nlr = 1\nbatch_size = 8\n_helper = 3\nout_dir = 'out-' + str(math.floor(2.5))\n")
-    c = load_config(DEFAULTS, [str(cfg), '--batch_size=4', '--compile=false', '--detach_type=ENCODER_OUT'])
+    cfg.write_text("import math\nlr = 1\nbatch_size = 8\n_helper = 3\n"
+                   "out_dir = 'out-' + str(math.floor(2.5))\n")
+    c = load_config(DEFAULTS,
+                    [str(cfg), '--batch_size=4', '--compile=false', '--detach_type=ENCODER_OUT'])
     assert c['lr'] == 1.0 and isinstance(c['lr'], float)  # int accepted for a float key
     assert c['batch_size'] == 4  # the command line wins over the file before it
     assert c['compile'] is False and c['out_dir'] == 'out-2' and c['detach_type'] == 'ENCODER_OUT'
-    assert load_config(DEFAULTS, ['--out_dir=a=b=c'])['out_dir'] == 'a=b=c'  # split on the first '='
+    # split on the first '='
+    assert load_config(DEFAULTS, ['--out_dir=a=b=c'])['out_dir'] == 'a=b=c'
     assert load_config(DEFAULTS, ['--out_dir=2024'])['out_dir'] == '2024'  # str keys keep the text
     assert load_config(DEFAULTS, ['--detach_type=None'])['detach_type'] is None
     assert load_config(DEFAULTS, ['--lr=3e-4'])['lr'] == 3e-4
@@ -78,17 +82,20 @@ def test_config_errors(argv, words):
 
 
 def test_nanogpt_names_are_told_ours():
-    for theirs, ours in [('max_iters', 'train_steps'), ('block_size', 'context_size'), ('learning_rate', 'lr'),
-                         ('eval_interval', 'est_interval'), ('eval_iters', 'est_steps')]:
-        with pytest.raises(ConfigError, match=rf"^unknown config key '{theirs}' on the command line: "
-                                              rf"nanoGPT's {theirs} is {ours} here$"):
+    for theirs, ours in [('max_iters', 'train_steps'), ('block_size', 'context_size'),
+                         ('learning_rate', 'lr'), ('eval_interval', 'est_interval'),
+                         ('eval_iters', 'est_steps')]:
+        with pytest.raises(ConfigError,
+                           match=rf"^unknown config key '{theirs}' on the command line: "
+                                 rf"nanoGPT's {theirs} is {ours} here$"):
             load_config(train_defaults(), [f'--{theirs}=5'])
 
 
 def test_config_file_errors(tmp_path):
     bad = tmp_path / 'bad.py'
     bad.write_text("batch_sise = 8\n")
-    with pytest.raises(ConfigError, match=r"unknown config key 'batch_sise' in .*did you mean 'batch_size'"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown config key 'batch_sise' in .*did you mean 'batch_size'"):
         load_config(DEFAULTS, [str(bad)])
     bad.write_text("lr = 'high'\n")
     with pytest.raises(ConfigError, match=r"lr in .*expected float"):
@@ -102,7 +109,8 @@ def test_bare_boolean_flags():
     defaults = dict(DEFAULTS, quick=False)
     assert load_config(defaults, ['--quick'])['quick'] is True  # a boolean key alone means True
     assert load_config(defaults, ['--no-compile'])['compile'] is False
-    assert load_config(defaults, ['--no_compile', '--compile'])['compile'] is True  # in order, as always
+    # in order, as always
+    assert load_config(defaults, ['--no_compile', '--compile'])['compile'] is True
     assert load_config(defaults, ['--quick=False'])['quick'] is False
 
 
@@ -110,39 +118,47 @@ def test_config_file_include(tmp_path):
     (tmp_path / 'base.py').write_text("lr = 1\nbatch_size = 8\nout_dir = 'base'\n")
     (tmp_path / 'sub').mkdir()
     child = tmp_path / 'sub' / 'child.py'
-    child.write_text("include('../base.py')  # relative to this file, not to the working directory\n"
+    child.write_text("include('../base.py')  "
+                     "# relative to this file, not to the working directory\n"
                      "batch_size = 4\n")
     c = load_config(DEFAULTS, [str(child), '--out_dir=cli'])
-    assert (c['lr'], c['batch_size'], c['out_dir']) == (1.0, 4, 'cli')  # later lines and the command line win
+    # later lines and the command line win
+    assert (c['lr'], c['batch_size'], c['out_dir']) == (1.0, 4, 'cli')
     child.write_text("batch_size = 4\ninclude('../base.py')\n")
-    assert load_config(DEFAULTS, [str(child)])['batch_size'] == 8  # an include sets its keys where it stands
+    # an include sets its keys where it stands
+    assert load_config(DEFAULTS, [str(child)])['batch_size'] == 8
     child.write_text("include('nope.py')\n")
-    with pytest.raises(ConfigError, match=r"child.py: include\('nope.py'\): config file not found: .*nope.py"):
+    with pytest.raises(ConfigError,
+                       match=r"child.py: include\('nope.py'\): config file not found: .*nope.py"):
         load_config(DEFAULTS, [str(child)])
     child.write_text("include('child.py')\n")
-    with pytest.raises(ConfigError, match=r"child.py: include\('child.py'\): includes nested more than 8 deep"):
+    with pytest.raises(ConfigError,
+                       match=r"child.py: include\('child.py'\): includes nested more than 8 deep"):
         load_config(DEFAULTS, [str(child)])
     (tmp_path / 'base.py').write_text("lr = 'high'\n")
     child.write_text("include('../base.py')\n")
-    with pytest.raises(ConfigError, match=r"lr in .*base.py: expected float"):  # names the file with the mistake
+    # names the file with the mistake
+    with pytest.raises(ConfigError, match=r"lr in .*base.py: expected float"):
         load_config(DEFAULTS, [str(child)])
 
 
 @pytest.mark.parametrize('script, sources, line', [
     ('train.py', ['train.py', 'model.py'], "  lr = 0.0009 .*# peak learning rate"),
-    ('sample.py', ['sample.py'], "  temperature = 0.8 .*# < 1 sharper, > 1 more random; 0 = greedy"),
+    ('sample.py', ['sample.py'],
+     "  temperature = 0.8 .*# < 1 sharper, > 1 more random; 0 = greedy"),
     ('bench.py', ['bench.py'], "  quick = False .*# "),
     ('prepare.py', ['prepare.py'], "  eot = True .*# encode <\\|endoftext\\|>.*--no-eot"),
     ('experiments/report.py', ['experiments/report.py'], "  svg = '' .*# write the chart here"),
 ])
 def test_help(script, sources, line):
-    """--help (or -h) prints the script's docstring and every key with its default and the comment beside it
-    in the source, and exits 0, whatever else is on the command line."""
+    """--help (or -h) prints the script's docstring and every key with its default and the comment
+    beside it in the source, and exits 0, whatever else is on the command line."""
     from configurator import key_comments
     p = run(script, '--no_such_key=1', '-h' if script == 'prepare.py' else '--help')
     assert p.returncode == 0 and p.stderr == '', p.stderr
     assert re.search(line, p.stdout, re.M), p.stdout
-    assert p.stdout.startswith(open(os.path.join(ROOT, script)).read().split('"""')[1].strip().splitlines()[0])
+    assert p.stdout.startswith(
+        open(os.path.join(ROOT, script)).read().split('"""')[1].strip().splitlines()[0])
     comments = {}
     for src in reversed(sources):
         comments.update(key_comments(os.path.join(ROOT, src)))
@@ -154,7 +170,8 @@ def test_help(script, sources, line):
             assert shown.endswith('# ' + comments[key]), shown
     if script == 'train.py':
         assert keys == list(train_defaults())
-        assert re.search(r'^  n_layer = 13 .*# AED: n_layer encoder blocks', p.stdout, re.M)  # from model.py
+        # from model.py
+        assert re.search(r'^  n_layer = 13 .*# AED: n_layer encoder blocks', p.stdout, re.M)
 
 
 def test_docs_references_lead_somewhere():
@@ -191,7 +208,8 @@ def test_readme_fits_and_cites_what_it_reproduces():
 
 
 def test_collect_defaults():
-    ns = {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None, '_private': 1, 'os': os, 'fn': len, 'lst': [1]}
+    ns = {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None, '_private': 1, 'os': os, 'fn': len,
+          'lst': [1]}
     assert collect_defaults(ns) == {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None}
 
 
@@ -207,8 +225,9 @@ def test_every_config_file_loads():
 
 
 def test_cpu_runs_are_the_authors_runs_at_cpu_size():
-    """Each config/cpu_X.py is the author's run X with the CPU size and config/cpu_common.py's training
-    settings: no model option of X is lost or changed on the way (include order, a stray line)."""
+    """Each config/cpu_X.py is the author's run X with the CPU size and config/cpu_common.py's
+    training settings: no model option of X is lost or changed on the way (include order, a stray
+    line)."""
     from configurator import read_config_file
     defaults = train_defaults()
     common = read_config_file(os.path.join(ROOT, 'config', 'cpu_common.py'), defaults)
@@ -218,31 +237,37 @@ def test_cpu_runs_are_the_authors_runs_at_cpu_size():
     names = [n for n in cpu_names if os.path.isfile(os.path.join(ROOT, 'config', f'{n}.py'))]
     assert len(names) == 8
     # the studies' own shapes of a CPU run: only the size differs from the run they reshape
-    variants = {'baseline_matched': 'baseline', 'aed_deep': 'aed_mse_possub', 'baseline_deep': 'baseline'}
+    variants = {'baseline_matched': 'baseline', 'aed_deep': 'aed_mse_possub',
+                'baseline_deep': 'baseline'}
     assert set(cpu_names) == set(names) | set(variants)
     for name, base in variants.items():
-        a, b = (load_config(defaults, [os.path.join(ROOT, 'config', f'cpu_{n}.py')]) for n in (name, base))
+        a, b = (load_config(defaults, [os.path.join(ROOT, 'config', f'cpu_{n}.py')])
+                for n in (name, base))
         assert {k for k in defaults if a[k] != b[k]} <= size, name
         assert a['arch'] != 'aed' or a['cross_attn_n_head'] == 2 * a['n_head'], name
     for name in names:
-        cpu, gpu = (load_config(defaults, [os.path.join(ROOT, 'config', f)]) for f in (f'cpu_{name}.py', f'{name}.py'))
+        cpu, gpu = (load_config(defaults, [os.path.join(ROOT, 'config', f)])
+                    for f in (f'cpu_{name}.py', f'{name}.py'))
         assert {k for k in defaults if cpu[k] != gpu[k]} - size <= set(common), name
         assert all(cpu[k] == v for k, v in common.items()), name
-        if gpu['arch'] == 'aed':  # the AED's heads as the author set them: cross-attention 2 x n_head
+        # the AED's heads as the author set them: cross-attention 2 x n_head
+        if gpu['arch'] == 'aed':
             assert cpu['cross_attn_n_head'] == 2 * cpu['n_head'], name
     cpu = load_config(defaults, [os.path.join(ROOT, 'config', 'cpu_aed_mse_possub.py')])
-    assert (cpu['train_steps'], cpu['batch_size'], cpu['context_size'], cpu['lr']) == (600, 8, 128, 2e-3)  # docs
+    assert ((cpu['train_steps'], cpu['batch_size'], cpu['context_size'], cpu['lr'])
+            == (600, 8, 128, 2e-3))  # docs
 
 
 def test_config_files_state_only_what_they_change():
-    """No config file sets a key to train.py's default (arch aside, which says which model it is), and no CPU
-    run repeats a key of config/cpu_common.py, which they all include."""
+    """No config file sets a key to train.py's default (arch aside, which says which model it is),
+    and no CPU run repeats a key of config/cpu_common.py, which they all include."""
     from configurator import read_config_file
     defaults = train_defaults()
     config_dir = os.path.join(ROOT, 'config')
     for name in sorted(os.listdir(config_dir)):
         values = read_config_file(os.path.join(config_dir, name), defaults)
-        restated = {k for k, v in values.items() if (v, type(v)) == (defaults[k], type(defaults[k]))} - {'arch'}
+        restated = {k for k, v in values.items()
+                    if (v, type(v)) == (defaults[k], type(defaults[k]))} - {'arch'}
         assert not restated, (name, restated)
     common = read_config_file(os.path.join(config_dir, 'cpu_common.py'), defaults)
     for name in sorted(os.listdir(config_dir)):
@@ -270,11 +295,13 @@ ENV = dict(os.environ, OMP_NUM_THREADS='1')
 
 
 def run(script, *args, timeout=120):
-    return subprocess.run([PY, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=ENV)
+    return subprocess.run([PY, script, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=ENV)
 
 
 def make_data(root, n_train=6000, n_val=1500):
-    # a fixed random 61-token "sentence", repeated: learnable in a few dozen steps (ids < TINY's vocab_size)
+    # a fixed random 61-token "sentence", repeated: learnable in a few dozen steps
+    # (ids < TINY's vocab_size)
     rng = np.random.default_rng(0)
     sentence = rng.integers(0, 1024, size=61)
     d = os.path.join(root, 'tiny')
@@ -286,13 +313,15 @@ def make_data(root, n_train=6000, n_val=1500):
 
 
 def run_here(script, *args):
-    """Run a script in this process, as `python script args` would (exit status, stdout, stderr), for the
-    cases that need no process of their own (no signals, no second run alive): no torch import each time."""
+    """Run a script in this process, as `python script args` would (exit status, stdout, stderr),
+    for the cases that need no process of their own (no signals, no second run alive): no torch
+    import each time."""
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     out, err, argv, status = io.StringIO(), io.StringIO(), sys.argv, 0
     sys.argv = [script, *args]
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), torch.random.fork_rng():
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                torch.random.fork_rng():
             runpy.run_path(os.path.join(ROOT, script), run_name='__main__')
     except SystemExit as e:
         status = e.code
@@ -315,7 +344,8 @@ def read_log_text(raw):
 
 
 def load_ckpt(out_dir, name='last'):
-    return torch.load(os.path.join(out_dir, f'ckpt_{name}.pt'), map_location='cpu', weights_only=True)
+    return torch.load(os.path.join(out_dir, f'ckpt_{name}.pt'), map_location='cpu',
+                      weights_only=True)
 
 
 def save_with_checksum(ckpt, path):
@@ -403,13 +433,15 @@ def test_sample_names_the_runs_that_have_a_checkpoint(tmp_path, monkeypatch):
 def test_train_kill_resume_sample(tmp_path):
     """An uninterrupted run and a run killed with kill -9 then resumed end with the same weights."""
     data = make_data(tmp_path)
-    common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=40', '--est_interval=10',
-                     '--save_interval=5', '--log_interval=10']
+    common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=40',
+                     '--est_interval=10', '--save_interval=5', '--log_interval=10']
     full = str(tmp_path / 'full')
     p = run('train.py', *common, f'--out_dir={full}')
     assert p.returncode == 0, p.stderr
-    # the step line's loss is what the optimizer sees, ce + coefficient x emb; the estimates are ce alone
-    assert re.search(r'^step 10/40 \| loss [\d.]+ \(ce [\d.]+ \+ 1 x emb [\d.e+-]+\) \| lr .* tok/s$', p.stdout, re.M)
+    # the step line's loss is what the optimizer sees, ce + coefficient x emb; the estimates are ce
+    # alone
+    assert re.search(r'^step 10/40 \| loss [\d.]+ \(ce [\d.]+ \+ 1 x emb [\d.e+-]+\) '
+                     r'\| lr .* tok/s$', p.stdout, re.M)
     assert re.search(r'^step 10: estimate train ce [\d.]+, val ce [\d.]+', p.stdout, re.M), p.stdout
     log = read_log(full)
     steps = [r for r in log if r['type'] == 'step']
@@ -419,7 +451,8 @@ def test_train_kill_resume_sample(tmp_path):
     assert all(r['emb'] is not None and r['ce'] > 0 and r['loss'] > r['ce'] for r in steps)
     assert ests[-1]['val'] < ests[0]['val'] - 1.0  # it learns
     # the embedding loss's diagnostics at every estimate (docs/model.md, Embedding loss)
-    assert all(math.isfinite(r['emb_diag']['loss_no_affine']) and r['emb_diag']['ln_a_weight_rms'] > 0 for r in ests)
+    assert all(math.isfinite(r['emb_diag']['loss_no_affine'])
+               and r['emb_diag']['ln_a_weight_rms'] > 0 for r in ests)
     summary = json.load(open(os.path.join(full, 'summary.json')))
     assert summary['status'] == 'finished' and summary['step'] == 40
     assert summary['tokens_seen'] == 40 * 4 * 2 * 16 and summary['params'] > 0
@@ -443,22 +476,26 @@ def test_train_kill_resume_sample(tmp_path):
     assert 15 <= ckpt['step'] < 40 and ckpt['step'] % 5 == 0
     p = run('train.py', *common, f'--out_dir={killed}', '--init_from=resume')
     assert p.returncode == 0, p.stderr
-    assert f"resuming from {os.path.join(killed, 'ckpt_last.pt')} at step {ckpt['step']}" in p.stdout
+    assert (f"resuming from {os.path.join(killed, 'ckpt_last.pt')} at step {ckpt['step']}"
+            in p.stdout)
     final = load_ckpt(killed)
     assert final['step'] == 40
     same_weights(load_ckpt(full)['model'], final['model'], atol=1e-5)
     assert json.load(open(os.path.join(killed, 'summary.json')))['status'] == 'finished'
 
     # a resume needs only out_dir: the rest of the config comes from the checkpoint
-    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--train_steps=42', '--device=cpu')
+    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--train_steps=42',
+            '--device=cpu')
     assert p.returncode == 0, p.stderr
     assert load_ckpt(killed)['step'] == 42
     p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--n_embed=32')
     assert_one_line_error(p, 'cannot change n_embed when resuming')
-    # the same model spelt out is no change: n_decoder_layer None means n_layer (1 here); 2 is another model
+    # the same model spelt out is no change: n_decoder_layer None means n_layer (1 here); 2 is
+    # another model
     p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--n_decoder_layer=2')
     assert_one_line_error(p, 'cannot change n_decoder_layer when resuming: the checkpoint has None')
-    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--train_steps=43', '--n_decoder_layer=1')
+    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--train_steps=43',
+            '--n_decoder_layer=1')
     assert p.returncode == 0, p.stderr
     assert load_ckpt(killed)['step'] == 43
 
@@ -472,10 +509,12 @@ def test_train_kill_resume_sample(tmp_path):
         assert p.returncode == 0, p.stderr
         assert p.stdout.count('---------------') == 2 and p.stdout.startswith('The first of the')
         outs.append(p.stdout)
-    assert outs[0] == outs[1] == outs[2]  # same seed, same samples: the cache and compiling change speed only
+    # same seed, same samples: the cache and compiling change speed only
+    assert outs[0] == outs[1] == outs[2]
     # temperature 0 is greedy: every sample, whatever the seed, is the argmax continuation
     greedy = [run('sample.py', f'--out_dir={killed}', f'--start=FILE:{prompt}', '--num_samples=2',
-                  '--max_new_tokens=20', '--device=cpu', '--temperature=0', f'--seed={s}') for s in (1, 2)]
+                  '--max_new_tokens=20', '--device=cpu', '--temperature=0', f'--seed={s}')
+              for s in (1, 2)]
     assert all(p.returncode == 0 for p in greedy), greedy[0].stderr
     assert greedy[0].stdout == greedy[1].stdout
     first, second = greedy[0].stdout.split('---------------\n')[:2]
@@ -483,12 +522,14 @@ def test_train_kill_resume_sample(tmp_path):
 
 
 def test_run_header_and_expected_time(tmp_path):
-    """No silent start: the run's header comes before compiling, which says it takes about a minute; after ten
-    steps, the expected time per step, for the steps left and for the whole run."""
+    """No silent start: the run's header comes before compiling, which says it takes about a minute;
+    after ten steps, the expected time per step, for the steps left and for the whole run."""
     data = make_data(tmp_path)
-    env = dict(ENV, TORCHDYNAMO_DISABLE='1')  # torch.compile returns at once: the order of the lines is tested
-    p = subprocess.run([PY, 'train.py', *TINY, '--compile', f'--data_dir={data}', '--dataset=tiny', '--train_steps=14',
-                        '--est_interval=7', '--log_interval=100', f'--out_dir={tmp_path}/out'],
+    # torch.compile returns at once: the order of the lines is tested
+    env = dict(ENV, TORCHDYNAMO_DISABLE='1')
+    p = subprocess.run([PY, 'train.py', *TINY, '--compile', f'--data_dir={data}', '--dataset=tiny',
+                        '--train_steps=14', '--est_interval=7', '--log_interval=100',
+                        f'--out_dir={tmp_path}/out'],
                        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
@@ -496,12 +537,14 @@ def test_run_header_and_expected_time(tmp_path):
              for key in ('aed model, ', 'compiling the model', 'step 0: estimate')}
     assert where['aed model, '] < where['compiling the model'] < where['step 0: estimate']
     assert 'about a minute' in lines[where['compiling the model']]
-    assert f"train tokens (all) of {os.path.join(data, 'tiny')} |" in lines[where['aed model, ']]  # the data it reads
+    # the data it reads
+    assert f"train tokens (all) of {os.path.join(data, 'tiny')} |" in lines[where['aed model, ']]
     assert lines[-1].endswith(f"; sample: python sample.py --out_dir={tmp_path}/out")  # what next
     expected = [line for line in lines if line.startswith('expected: ')]
     assert len(expected) == 1, p.stdout
-    assert re.fullmatch(r'expected: \d+ ms/step \(median of steps 2-10\), ~[\d.]+ (s|min|h) for the 4 steps left and '
-                        r'1 estimate\(s\) of ~[\d.]+ s: the whole run ~[\d.]+ (s|min|h)', expected[0]), expected
+    assert re.fullmatch(r'expected: \d+ ms/step \(median of steps 2-10\), ~[\d.]+ (s|min|h) '
+                        r'for the 4 steps left and 1 estimate\(s\) of ~[\d.]+ s: '
+                        r'the whole run ~[\d.]+ (s|min|h)', expected[0]), expected
 
 
 def test_a_gpu_config_on_a_cpu_is_told_before_compiling(tmp_path):
@@ -528,8 +571,8 @@ def test_a_gpu_config_on_a_cpu_is_told_before_compiling(tmp_path):
 
 
 def test_new_model_keys_train_resume_sample(tmp_path):
-    """The keys beyond the author (docs/model.md, Beyond the author) work from the command line, through resume
-    (where they cannot change) and sample.py."""
+    """The keys beyond the author (docs/model.md, Beyond the author) work from the command line,
+    through resume (where they cannot change) and sample.py."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
     common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--est_interval=2', '--n_layer=2',
@@ -537,14 +580,16 @@ def test_new_model_keys_train_resume_sample(tmp_path):
     p = run('train.py', *common, '--train_steps=2', f'--out_dir={out}')
     assert p.returncode == 0, p.stderr
     ckpt = load_ckpt(out)
-    assert ckpt['config']['n_decoder_layer'] == 1 and ckpt['config']['embedding_agg_type'] == 'LEARNED'
-    assert 'decoder_blocks.0.ln_1.weight' in ckpt['model'] and 'decoder_blocks.1.ln_1.weight' not in ckpt['model']
+    assert (ckpt['config']['n_decoder_layer'] == 1
+            and ckpt['config']['embedding_agg_type'] == 'LEARNED')
+    assert ('decoder_blocks.0.ln_1.weight' in ckpt['model']
+            and 'decoder_blocks.1.ln_1.weight' not in ckpt['model'])
     assert 'embedding_agg' in ckpt['model']
     p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=3')
     assert p.returncode == 0, p.stderr
     assert load_ckpt(out)['step'] == 3
-    p = run('sample.py', f'--out_dir={out}', '--checkpoint=last', '--num_samples=1', '--max_new_tokens=20',
-            '--device=cpu')
+    p = run('sample.py', f'--out_dir={out}', '--checkpoint=last', '--num_samples=1',
+            '--max_new_tokens=20', '--device=cpu')
     assert p.returncode == 0, p.stderr
     assert p.stdout.count('---------------') == 1
 
@@ -579,7 +624,8 @@ runpy.run_path('train.py', run_name='__main__')
 ''')
     args = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=40', '--est_interval=5',
                    f'--out_dir={out}']
-    p = subprocess.run([PY, str(wrapper), *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=ENV)
+    p = subprocess.run([PY, str(wrapper), *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=ENV)
     assert_one_line_error(p, 'the training loss is not finite at step 12', 'stopped without saving')
     ckpt = load_ckpt(out)
     assert ckpt['step'] == 10
@@ -598,9 +644,9 @@ def test_torchrun_two_processes_match_one(tmp_path):
     p = run('train.py', *common, f'--out_dir={one}')
     assert p.returncode == 0, p.stderr
     two = str(tmp_path / 'two')
-    p = subprocess.run([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
-                        *common, f'--out_dir={two}'], cwd=ROOT, capture_output=True, text=True, timeout=180,
-                       env=ENV)
+    p = subprocess.run([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
+                        'train.py', *common, f'--out_dir={two}'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=180, env=ENV)
     assert p.returncode == 0, p.stderr[-3000:]
     assert '2 process(es)' in p.stdout and p.stdout.count('step 6/6') == 1  # only rank 0 logs
     a, b = load_ckpt(one), load_ckpt(two)
@@ -616,7 +662,8 @@ def test_torchrun_two_processes_match_one(tmp_path):
 
 # ----------------------------------------------------------------------------- the lr schedule
 def author_lr(s, lr, min_lr, warmup_iters, lr_decay_iters):
-    # the author's get_lr (docs/model.md, The author's lr schedule), written out: s is the 0-based step
+    # the author's get_lr (docs/model.md, The author's lr schedule), written out: s is the 0-based
+    # step
     if s + 1 < warmup_iters:
         return lr * (s + 1) / warmup_iters
     if s + 1 > lr_decay_iters:
@@ -629,23 +676,26 @@ def test_lr_schedule_is_the_authors(tmp_path):
     """400 steps: 300 of warm-up (the author's), then the cosine, and min_lr past lr_decay_iters."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
-    p = run('train.py', '--arch=gpt', '--vocab_size=1024', '--n_layer=1', '--n_embed=8', '--n_head=1',
-            '--context_size=8', '--batch_size=1', '--gradient_accumulation_steps=1', '--compile=False',
-            '--device=cpu', '--dtype=float32', f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
-            '--train_steps=400', '--lr=9e-4', '--min_lr=9e-5', '--warmup_iters=300', '--lr_decay_iters=380',
-            '--est_interval=1000', '--est_steps=1', '--log_interval=1000')
+    p = run('train.py', '--arch=gpt', '--vocab_size=1024', '--n_layer=1', '--n_embed=8',
+            '--n_head=1', '--context_size=8', '--batch_size=1', '--gradient_accumulation_steps=1',
+            '--compile=False', '--device=cpu', '--dtype=float32', f'--data_dir={data}',
+            '--dataset=tiny', f'--out_dir={out}', '--train_steps=400', '--lr=9e-4', '--min_lr=9e-5',
+            '--warmup_iters=300', '--lr_decay_iters=380', '--est_interval=1000', '--est_steps=1',
+            '--log_interval=1000')
     assert p.returncode == 0, p.stderr
     lrs = [r['lr'] for r in read_log(out) if r['type'] == 'step']
     assert len(lrs) == 400
     for s, got in enumerate(lrs):
         assert got == pytest.approx(author_lr(s, 9e-4, 9e-5, 300, 380), rel=1e-12, abs=0), s
-    assert lrs[0] == 9e-4 / 300 and lrs[299] == 9e-4 and lrs[-1] == 9e-5  # not nanoGPT's 9e-4 / 301 at step 0
+    # not nanoGPT's 9e-4 / 301 at step 0
+    assert lrs[0] == 9e-4 / 300 and lrs[299] == 9e-4 and lrs[-1] == 9e-5
 
 
 # ----------------------------------------------------------------------------- train_tokens
 def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
-    """Past the first 3000 train tokens sits an id >= vocab_size: reading a single one of them crashes the
-    embedding or the cross-entropy, so a run that finishes never read past train_tokens."""
+    """Past the first 3000 train tokens sits an id >= vocab_size: reading a single one of them
+    crashes the embedding or the cross-entropy, so a run that finishes never read past
+    train_tokens."""
     data = make_data(tmp_path)
     path = os.path.join(data, 'tiny', 'train.bin')
     poisoned = np.fromfile(path, dtype=np.uint16)
@@ -663,50 +713,63 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
     assert summary['epochs'] == round(10 * tokens_per_step / 3000, 4)
     log = read_log(out)
     assert log[0]['train_tokens'] == 3000
-    assert [r['epochs'] for r in log if r['type'] == 'est'] == [s * tokens_per_step / 3000 for s in (0, 5, 10)]
+    assert [r['epochs'] for r in log if r['type'] == 'est'] == [s * tokens_per_step / 3000
+                                                                for s in (0, 5, 10)]
     # a resume takes train_tokens from the checkpoint, without it on the command line
-    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=12', '--device=cpu')
+    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=12',
+            '--device=cpu')
     assert p.returncode == 0, p.stderr
     summary = json.load(open(os.path.join(out, 'summary.json')))
     assert summary['step'] == 12 and summary['train_tokens'] == 3000
     # a resume with another batch size counts the tokens each step really saw
-    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=14', '--batch_size=1')
+    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=14',
+            '--batch_size=1')
     assert p.returncode == 0, p.stderr
     tokens = 12 * tokens_per_step + 2 * (1 * 2 * 16)
     assert json.load(open(os.path.join(out, 'summary.json')))['tokens_seen'] == tokens
     last_step = [r for r in read_log(out) if r['type'] == 'step'][-1]  # (whole_val comes last)
     assert last_step['tokens'] == tokens and f'done: 14 steps, {tokens:,} tokens' in p.stdout
-    # the same run on the whole file is refused: the start-up id check sees the poisoned tail (so it is there)
-    p = run('train.py', *common[:-3], f'--out_dir={tmp_path / "all"}', '--train_steps=10', '--est_interval=100')
+    # the same run on the whole file is refused: the start-up id check sees the poisoned tail
+    # (so it is there)
+    p = run('train.py', *common[:-3], f'--out_dir={tmp_path / "all"}', '--train_steps=10',
+            '--est_interval=100')
     assert_one_line_error(p, 'holds token id 1031, but vocab_size is 1024')
     # a limit the file cannot meet, or too small for one sequence: one line each
-    p = run('train.py', *common, '--train_tokens=6001', '--train_steps=1', f'--out_dir={tmp_path / "e1"}')
+    p = run('train.py', *common, '--train_tokens=6001', '--train_steps=1',
+            f'--out_dir={tmp_path / "e1"}')
     assert_one_line_error(p, 'train_tokens (6,001) is more than', 'train.bin holds (6,000)')
-    p = run('train.py', *common, '--train_tokens=17', '--train_steps=1', f'--out_dir={tmp_path / "e2"}')
+    p = run('train.py', *common, '--train_tokens=17', '--train_steps=1',
+            f'--out_dir={tmp_path / "e2"}')
     assert_one_line_error(p, 'train_tokens (17) is too small for one batch')
 
 
-# ----------------------------------------------------------------------------- bad input, damage, signals
+# ----------------------------------------------------------------------- bad input, damage, signals
 def test_bad_values_and_data_are_one_line(tmp_path):
     nodata = [*TINY, f'--data_dir={tmp_path}', '--dataset=none', f'--out_dir={tmp_path}/out']
     for arg, words in [('--lr=-1', 'lr must be > 0, got -1.0'), ('--lr=0', 'lr must be > 0'),
-                       ('--min_lr=-1', 'min_lr must be >= 0'), ('--weight_decay=-1', 'weight_decay must be >= 0'),
-                       ('--grad_clip=-1', 'grad_clip must be >= 0'), ('--beta1=1.5', 'beta1 must be in [0, 1)'),
-                       ('--beta2=1', 'beta2 must be in [0, 1)'), ('--device=banana', "got 'banana'"),
-                       ('--out_dir=', 'out_dir must not be empty'), ('--ddp_timeout=0', 'ddp_timeout must be > 0')]:
+                       ('--min_lr=-1', 'min_lr must be >= 0'),
+                       ('--weight_decay=-1', 'weight_decay must be >= 0'),
+                       ('--grad_clip=-1', 'grad_clip must be >= 0'),
+                       ('--beta1=1.5', 'beta1 must be in [0, 1)'),
+                       ('--beta2=1', 'beta2 must be in [0, 1)'),
+                       ('--device=banana', "got 'banana'"),
+                       ('--out_dir=', 'out_dir must not be empty'),
+                       ('--ddp_timeout=0', 'ddp_timeout must be > 0')]:
         assert_one_line_error(run_here('train.py', *nodata, arg), words)
     assert_one_line_error(run_here('sample.py', '--device=banana'), "got 'banana'")
 
     def bad_data(name, train):
         d = make_data(tmp_path / name)
         (tmp_path / name / 'tiny' / 'train.bin').write_bytes(train)
-        return run_here('train.py', *TINY, f'--data_dir={d}', '--dataset=tiny', f'--out_dir={tmp_path}/{name}/out')
+        return run_here('train.py', *TINY, f'--data_dir={d}', '--dataset=tiny',
+                        f'--out_dir={tmp_path}/{name}/out')
     train_bin = os.path.join(str(tmp_path), 'empty', 'tiny', 'train.bin')
     assert_one_line_error(bad_data('empty', train=b''), train_bin, 'has 0 tokens')
     assert_one_line_error(bad_data('odd', train=b'\x01' * 1001), 'odd number of bytes (1001)')
     ids = np.full(500, 7, dtype=np.uint16)
     ids[321] = 2000  # >= TINY's vocab_size 1024
-    assert_one_line_error(bad_data('big_id', train=ids.tobytes()), 'holds token id 2000, but vocab_size is 1024')
+    assert_one_line_error(bad_data('big_id', train=ids.tobytes()),
+                          'holds token id 2000, but vocab_size is 1024')
 
 
 def test_a_run_that_ends_inside_its_warm_up_or_its_decay_is_told(tmp_path, monkeypatch):
@@ -737,22 +800,27 @@ def test_a_run_that_ends_inside_its_warm_up_or_its_decay_is_told(tmp_path, monke
 
 def test_nan_weights_are_never_saved(tmp_path):
     """A step with a finite loss but non-finite weights (lr=1e4: the update overflows) stops the run
-    before the next save, so ckpt_last.pt stays the last finite one; a diverged checkpoint is refused."""
+    before the next save, so ckpt_last.pt stays the last finite one; a diverged checkpoint is
+    refused."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
-    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--lr=1e4',
-                 '--warmup_iters=0', '--train_steps=60', '--est_interval=20', '--save_interval=1')
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+                 '--lr=1e4', '--warmup_iters=0', '--train_steps=60', '--est_interval=20',
+                 '--save_interval=1')
     assert_one_line_error(p, 'is not finite (', ') at step 2; stopped without saving',
-                          f"the last checkpoint, {os.path.join(out, 'ckpt_last.pt')}, is from step 1")
+                          f"the last checkpoint, {os.path.join(out, 'ckpt_last.pt')}, "
+                          "is from step 1")
     steps = [r for r in read_log(out) if r['type'] == 'step']
-    assert steps[-1]['step'] == 2 and np.isfinite(steps[-1]['loss'])  # the loss alone saw nothing wrong
+    # the loss alone saw nothing wrong
+    assert steps[-1]['step'] == 2 and np.isfinite(steps[-1]['loss'])
     ckpt = load_ckpt(out)
     assert ckpt['step'] == 1 and all(torch.isfinite(v).all() for v in ckpt['model'].values())
     # a diverged checkpoint (as the old guard wrote them) is refused, not sampled from
     ckpt['model']['wte.weight'][3, 5] = float('nan')
     del ckpt['checksum']
     save_with_checksum(ckpt, os.path.join(out, 'ckpt_last.pt'))
-    assert_one_line_error(run_here('sample.py', f'--out_dir={out}', '--checkpoint=last', '--device=cpu'),
+    assert_one_line_error(run_here('sample.py', f'--out_dir={out}', '--checkpoint=last',
+                                   '--device=cpu'),
                           '1 of', 'weight tensors hold NaN or inf (e.g. wte.weight)')
 
 
@@ -762,8 +830,8 @@ def tiny_ckpt(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('tiny_ckpt')
     data = make_data(tmp)
     out = str(tmp / 'out')
-    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=4',
-                 '--est_interval=2')
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+                 '--train_steps=4', '--est_interval=2')
     assert p.returncode == 0, p.stderr
     return out
 
@@ -774,7 +842,8 @@ def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_ckpt, monkey
     path = os.path.join(out, 'ckpt_best.pt')
 
     def sample(*args):
-        return run_here('sample.py', f'--out_dir={out}', '--device=cpu', '--max_new_tokens=2', *args)
+        return run_here('sample.py', f'--out_dir={out}', '--device=cpu', '--max_new_tokens=2',
+                        *args)
 
     # a flipped byte in the largest tensor's data: torch.load does not notice, the checksum does
     shutil.copytree(tiny_ckpt, out)
@@ -789,39 +858,48 @@ def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_ckpt, monkey
 
     # a config that claims a model far larger than the weights in the file: refused before any build
     def build_guarded(cfg):
-        assert cfg.n_layer <= 2 and cfg.n_embed <= 32, f'built the claimed model ({cfg.n_layer} x {cfg.n_embed})'
+        assert cfg.n_layer <= 2 and cfg.n_embed <= 32, (
+            f'built the claimed model ({cfg.n_layer} x {cfg.n_embed})')
         return build(cfg)
     build = model.build_model
     monkeypatch.setattr(model, 'build_model', build_guarded)
     ckpt = load_ckpt(tiny_ckpt, 'best')
     del ckpt['checksum']
-    for change, words in [({'n_layer': 400, 'n_embed': 1024, 'n_head': 8}, 'its config (n_layer=400) means'),
+    for change, words in [({'n_layer': 400, 'n_embed': 1024, 'n_head': 8},
+                           'its config (n_layer=400) means'),
                           ({'n_embed': 32}, 'wte.weight is (1024, 16) in the file')]:
-        save_with_checksum(dict(ckpt, config=dict(ckpt['config'], **change)), path)  # a checksum is no signature
+        # a checksum is no signature
+        save_with_checksum(dict(ckpt, config=dict(ckpt['config'], **change)), path)
         assert_one_line_error(sample(), path, words)
     monkeypatch.setattr(model, 'build_model', build)
 
-    # a resume from a checkpoint that lacks keys, a config that lacks a model key, a prompt file that is not text
-    save_with_checksum({k: v for k, v in ckpt.items() if k not in ('optimizer', 'rng')}, os.path.join(out, 'ckpt_last.pt'))
+    # a resume from a checkpoint that lacks keys, a config that lacks a model key, a prompt file
+    # that is not text
+    save_with_checksum({k: v for k, v in ckpt.items() if k not in ('optimizer', 'rng')},
+                       os.path.join(out, 'ckpt_last.pt'))
     assert_one_line_error(run_here('train.py', f'--out_dir={out}', '--init_from=resume'),
                           'ckpt_last.pt lacks optimizer, rng')
-    save_with_checksum(dict(ckpt, config={k: v for k, v in ckpt['config'].items() if k != 'n_decoder_layer'}), path)
+    save_with_checksum(dict(ckpt, config={k: v for k, v in ckpt['config'].items()
+                                          if k != 'n_decoder_layer'}), path)
     assert_one_line_error(sample(), path, "its config lacks 'n_decoder_layer'")
     torch.save(ckpt, path)  # no checksum at all
     assert_one_line_error(sample(), path, 'lacks checksum')
     shutil.copy(os.path.join(tiny_ckpt, 'ckpt_best.pt'), path)
     (tmp_path / 'prompt.bin').write_bytes(b'\x89PNG\r\n\x1a\n\x00\x00')
-    assert_one_line_error(sample(f'--start=FILE:{tmp_path}/prompt.bin'), 'prompt.bin is not UTF-8 text')
+    assert_one_line_error(sample(f'--start=FILE:{tmp_path}/prompt.bin'),
+                          'prompt.bin is not UTF-8 text')
 
 
 def test_full_disk_during_save(tmp_path, monkeypatch):
-    """A full disk during a save: one line that names the file system, the file and the checkpoint still there,
-    and no .tmp left to keep the disk full. torch.save reports a failed write as its own RuntimeError
-    ('[enforce fail at inline_container.cc] unexpected pos ...'), so the disk fills inside torch.save here."""
+    """A full disk during a save: one line that names the file system, the file and the checkpoint
+    still there, and no .tmp left to keep the disk full. torch.save reports a failed write as its
+    own RuntimeError ('[enforce fail at inline_container.cc] unexpected pos ...'), so the disk fills
+    inside torch.save here."""
     import checkpoint
     path = str(tmp_path / 'ckpt.pt')
     os.symlink('/dev/full', path + '.tmp')  # the kernel's own "disk full"
-    with pytest.raises(checkpoint.CheckpointError, match=rf'^no space left on /\S* while saving {re.escape(path)}$'):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=rf'^no space left on /\S* while saving {re.escape(path)}$'):
         checkpoint.save({'x': torch.zeros(100000)}, path)
     assert os.listdir(tmp_path) == []
 
@@ -831,48 +909,57 @@ def test_full_disk_during_save(tmp_path, monkeypatch):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return super().write(b)
     steps_done = lambda: 4
-    with FillsUp(str(tmp_path / 'ckpt_last.pt.tmp'), 'wb') as f, pytest.raises(RuntimeError, match='unexpected pos'):
-        torch.save({'x': torch.zeros(100000)}, f)  # torch's own error: the OSError is only its context
+    with FillsUp(str(tmp_path / 'ckpt_last.pt.tmp'), 'wb') as f, \
+            pytest.raises(RuntimeError, match='unexpected pos'):
+        # torch's own error: the OSError is only its context
+        torch.save({'x': torch.zeros(100000)}, f)
     os.remove(tmp_path / 'ckpt_last.pt.tmp')
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
     steps_done = lambda: sum(r['type'] == 'step' for r in read_log(out))
     monkeypatch.setattr(checkpoint, 'open', FillsUp, raising=False)
-    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=8',
-                 '--est_interval=2')
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+                 '--train_steps=8', '--est_interval=2')
     last = os.path.join(out, 'ckpt_last.pt')
-    mount = re.escape(subprocess.run(['df', '--output=target', out], capture_output=True, text=True).stdout.split()[-1])
+    mount = re.escape(subprocess.run(['df', '--output=target', out], capture_output=True,
+                                     text=True).stdout.split()[-1])
     assert_one_line_error(p)
-    assert re.fullmatch(rf"error: no space left on {mount} while saving {re.escape(last)}; stopped at step 4: the last "
-                        rf"checkpoint, {re.escape(last)}, is from step 2: continue with --init_from=resume "
+    assert re.fullmatch(rf"error: no space left on {mount} while saving {re.escape(last)}; "
+                        rf"stopped at step 4: the last checkpoint, {re.escape(last)}, "
+                        rf"is from step 2: continue with --init_from=resume "
                         rf"--out_dir={re.escape(out)}\n", p.stderr), p.stderr
-    assert sorted(os.listdir(out)) == ['.lock', 'ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl', 'summary.json']
+    assert sorted(os.listdir(out)) == ['.lock', 'ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl',
+                                       'summary.json']
     assert load_ckpt(out)['step'] == 2
 
 
 def test_full_disk_on_a_real_file_system(tmp_path):
-    """The same on a small tmpfs, where the kernel itself runs out of space (needs root: skipped elsewhere)."""
+    """The same on a small tmpfs, where the kernel itself runs out of space (needs root: skipped
+    elsewhere)."""
     disk = tmp_path / 'small'
     disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=500k', 'tmpfs', str(disk)],
-                                           capture_output=True).returncode:
+    if os.geteuid() != 0 or subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=500k', 'tmpfs',
+                                            str(disk)], capture_output=True).returncode:
         pytest.skip('cannot mount a tmpfs here')
     try:
         data = make_data(tmp_path)
         out = str(disk / 'out')  # a checkpoint is ~330 KB: the disk fills after a save or two
-        p = run('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=8',
-                '--est_interval=2')
-        assert_one_line_error(p, f"no space left on {disk} while saving {out}/ckpt_last.pt; stopped at step ")
+        p = run('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+                '--train_steps=8', '--est_interval=2')
+        assert_one_line_error(p,
+                              f"no space left on {disk} while saving {out}/ckpt_last.pt; "
+                              "stopped at step ")
         kept = int(re.search(r'is from step (\d+)', p.stderr)[1])
-        assert load_ckpt(out)['step'] == kept and not [f for f in os.listdir(out) if f.endswith('.tmp')]
+        assert load_ckpt(out)['step'] == kept and not [f for f in os.listdir(out)
+                                                       if f.endswith('.tmp')]
     finally:
         subprocess.run(['umount', str(disk)])
 
 
 def tiny_run(tmp_path, *args):
     data = make_data(tmp_path)
-    return run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={tmp_path}/out',
-                    '--est_interval=5', *args)
+    return run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny',
+                    f'--out_dir={tmp_path}/out', '--est_interval=5', *args)
 
 
 def test_scratch_run_never_replaces_a_run(tmp_path):
@@ -886,19 +973,22 @@ def test_scratch_run_never_replaces_a_run(tmp_path):
     err = p.stderr
     assert err.index('--out_dir=') < err.index('--init_from') < err.index('--overwrite')
     assert open(os.path.join(out, 'log.jsonl'), 'rb').read() == log
-    os.remove(os.path.join(out, 'ckpt_last.pt'))  # a log of steps without their checkpoint: it still counts
+    # a log of steps without their checkpoint: it still counts
+    os.remove(os.path.join(out, 'ckpt_last.pt'))
     p = tiny_run(tmp_path, '--train_steps=5')
     assert_one_line_error(p, 'already holds a run (log.jsonl)', '--out_dir=...', '--overwrite=True')
     assert p.stderr.index('--out_dir=') < p.stderr.index('--overwrite')
-    assert_one_line_error(tiny_run(tmp_path, '--init_from=resume'), 'no checkpoint at', '--overwrite=True')
-    # killed before its first checkpoint: the log has no step, nothing is lost by starting over, and the advice
-    # of a resume leads there
+    assert_one_line_error(tiny_run(tmp_path, '--init_from=resume'), 'no checkpoint at',
+                          '--overwrite=True')
+    # killed before its first checkpoint: the log has no step, nothing is lost by starting over, and
+    # the advice of a resume leads there
     with open(os.path.join(out, 'log.jsonl'), 'w') as f:
         f.write(json.dumps(read_log_text(log)[0]) + '\n')
     assert_one_line_error(tiny_run(tmp_path, '--init_from=resume'), 'no checkpoint at',
                           'stopped before its first save: start it over with --overwrite=True')
     p = tiny_run(tmp_path, '--train_steps=1')
-    assert p.returncode == 0 and 'stopped before its first checkpoint: starting it over' in p.stdout, p.stderr
+    assert (p.returncode == 0
+            and 'stopped before its first checkpoint: starting it over' in p.stdout), p.stderr
     assert load_ckpt(out)['step'] == 1
     p = tiny_run(tmp_path, '--train_steps=2', '--overwrite=True')  # starting over on purpose
     assert p.returncode == 0, p.stderr
@@ -907,8 +997,8 @@ def test_scratch_run_never_replaces_a_run(tmp_path):
 
 
 def test_resume_repairs_best_and_summary(tmp_path):
-    """Killed right after the final save, before ckpt_best.pt was linked and summary.json renamed: the
-    resumed run leaves the files the uninterrupted run would have."""
+    """Killed right after the final save, before ckpt_best.pt was linked and summary.json renamed:
+    the resumed run leaves the files the uninterrupted run would have."""
     out = str(tmp_path / 'out')
     assert tiny_run(tmp_path, '--train_steps=5').returncode == 0
     best5, summary5 = load_ckpt(out, 'best'), json.load(open(os.path.join(out, 'summary.json')))
@@ -916,25 +1006,30 @@ def test_resume_repairs_best_and_summary(tmp_path):
     p = tiny_run(tmp_path, '--train_steps=10', '--init_from=resume')
     assert p.returncode == 0, p.stderr
     summary = json.load(open(os.path.join(out, 'summary.json')))
-    assert best5['step'] == 5 and load_ckpt(out, 'best')['step'] == 10  # the final estimate is the best
+    # the final estimate is the best
+    assert best5['step'] == 5 and load_ckpt(out, 'best')['step'] == 10
     # the state such a kill leaves: the new ckpt_last.pt, the old ckpt_best.pt, the old summary
-    os.remove(os.path.join(out, 'ckpt_best.pt'))  # a hard link to ckpt_last.pt: copying into it would change both
+    # a hard link to ckpt_last.pt: copying into it would change both
+    os.remove(os.path.join(out, 'ckpt_best.pt'))
     shutil.copy(tmp_path / 'best5.pt', os.path.join(out, 'ckpt_best.pt'))
-    json.dump(dict(summary5, status='running', train_steps=10), open(os.path.join(out, 'summary.json'), 'w'))
+    json.dump(dict(summary5, status='running', train_steps=10),
+              open(os.path.join(out, 'summary.json'), 'w'))
     p = tiny_run(tmp_path, '--init_from=resume')
     assert p.returncode == 0, p.stderr
     assert load_ckpt(out, 'best')['step'] == 10
     repaired = json.load(open(os.path.join(out, 'summary.json')))
-    for k in ('status', 'step', 'best_val_loss', 'final_train_loss', 'final_val_loss', 'tokens_seen'):
+    for k in ('status', 'step', 'best_val_loss', 'final_train_loss', 'final_val_loss',
+              'tokens_seen'):
         assert repaired[k] == summary[k], k
     assert repaired['status'] == 'finished'
     # a finished run says so and how to go on; what a resume changes is printed, one line a key
-    assert 'the run is finished at step 10; to train further, --train_steps=20 (or any number above 10)' in p.stdout
+    assert ('the run is finished at step 10; to train further, --train_steps=20 '
+            '(or any number above 10)') in p.stdout
     (tmp_path / 'b8.py').write_text('batch_size = 8\n')  # the run's batch is 4
     p = tiny_run(tmp_path, '--init_from=resume', str(tmp_path / 'b8.py'), '--train_steps=11')
     assert p.returncode == 0, p.stderr
-    assert re.findall('^resume changes .*$', p.stdout, re.M) == ['resume changes batch_size: 4 -> 8',
-                                                                  'resume changes train_steps: 10 -> 11'], p.stdout
+    assert re.findall('^resume changes .*$', p.stdout, re.M) == [
+        'resume changes batch_size: 4 -> 8', 'resume changes train_steps: 10 -> 11'], p.stdout
 
 
 def test_resume_drops_a_torn_log_line(tmp_path):
@@ -952,17 +1047,17 @@ def test_resume_drops_a_torn_log_line(tmp_path):
 
 
 def test_one_run_per_out_dir_and_signals(tmp_path):
-    """A second run or a resume while a run lives is refused at once; Ctrl-C and SIGTERM stop a run with
-    one line that says the step and how to continue it."""
+    """A second run or a resume while a run lives is refused at once; Ctrl-C and SIGTERM stop a run
+    with one line that says the step and how to continue it."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
-    args = TINY + [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--train_steps=100000',
-                   '--est_interval=5', '--log_interval=1000']
+    args = TINY + [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+                   '--train_steps=100000', '--est_interval=5', '--log_interval=1000']
 
     def start(*extra, steps):  # a run in the background, once it has taken `steps` steps
         first = len(read_log(out)) if os.path.exists(os.path.join(out, 'log.jsonl')) else 0
-        proc = subprocess.Popen([PY, 'train.py', *args, *extra], cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([PY, 'train.py', *args, *extra], cwd=ROOT, env=ENV,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 90
         while time.time() < deadline and proc.poll() is None:
             if os.path.exists(os.path.join(out, 'log.jsonl')) and \
@@ -972,24 +1067,30 @@ def test_one_run_per_out_dir_and_signals(tmp_path):
         raise AssertionError('the run ended before it could be stopped: ' + proc.stderr.read())
 
     proc = start(steps=6)
-    try:  # (in this process: the lock is the kernel's, per open file, so it holds against this process too)
+    # (in this process: the lock is the kernel's, per open file, so it holds against this
+    # process too)
+    try:
         assert_one_line_error(run_here('train.py', *args, '--train_steps=10'),
                               f'{out} is in use by another train.py (pid {proc.pid})')
-        assert_one_line_error(run_here('train.py', f'--out_dir={out}', '--init_from=resume'), 'is in use')
+        assert_one_line_error(run_here('train.py', f'--out_dir={out}', '--init_from=resume'),
+                              'is in use')
     finally:
         proc.send_signal(signal.SIGINT)
         err = proc.communicate(timeout=60)[1]
     saved = load_ckpt(out)['step']
     assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
-    assert re.fullmatch(rf"error: interrupted by SIGINT at step \d+; the last checkpoint, {re.escape(out)}/ckpt_last.pt, "
-                        rf"is from step {saved}: continue with --init_from=resume --out_dir={re.escape(out)}\n", err)
+    assert re.fullmatch(rf"error: interrupted by SIGINT at step \d+; the last checkpoint, "
+                        rf"{re.escape(out)}/ckpt_last.pt, is from step {saved}: "
+                        rf"continue with --init_from=resume --out_dir={re.escape(out)}\n", err)
     proc = start('--init_from=resume', steps=1)  # the lock went with the process
-    while proc.poll() is None:  # more than one SIGTERM (a kill reaches a script and its job): still one line
+    # more than one SIGTERM (a kill reaches a script and its job): still one line
+    while proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.002)
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode == 143 and err.startswith('error: interrupted by SIGTERM at step '), err
-    assert len(err.strip().splitlines()) == 1 and not [f for f in os.listdir(out) if f.endswith('.tmp')]
+    assert len(err.strip().splitlines()) == 1 and not [f for f in os.listdir(out)
+                                                       if f.endswith('.tmp')]
 
 
 def threads(pid):
@@ -997,32 +1098,36 @@ def threads(pid):
 
 
 def test_ctrl_c_at_any_moment(tmp_path):
-    """Ctrl-C ends a run with one line and exit 130 at any moment: during `import torch` (seconds, before anything
-    is set up), and in the middle of a torch op that takes minutes (a config too big for the machine, where a
-    Python signal handler would wait for the op to return). Such a config says what its estimate will cost first."""
-    proc = subprocess.Popen([PY, 'train.py', '--device=cpu'], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    """Ctrl-C ends a run with one line and exit 130 at any moment: during `import torch` (seconds,
+    before anything is set up), and in the middle of a torch op that takes minutes (a config too big
+    for the machine, where a Python signal handler would wait for the op to return). Such a config
+    says what its estimate will cost first."""
+    proc = subprocess.Popen([PY, 'train.py', '--device=cpu'], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 1  # the signal thread starts before `import torch`
     while threads(proc.pid) < 2 and time.time() < deadline:
         time.sleep(0.002)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
-    assert (proc.returncode, out, err) == (130, '', 'error: interrupted by SIGINT while starting\n'), err
+    assert ((proc.returncode, out, err)
+            == (130, '', 'error: interrupted by SIGINT while starting\n')), err
 
     # context 20000: one sequence's attention takes seconds, a batch's many, in one op
     data = make_data(tmp_path, n_train=25000, n_val=25000)
-    proc = subprocess.Popen([PY, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={tmp_path}/out',
-                             '--context_size=20000', '--batch_size=8', '--est_steps=200'], cwd=ROOT, env=ENV,
+    proc = subprocess.Popen([PY, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny',
+                             f'--out_dir={tmp_path}/out', '--context_size=20000', '--batch_size=8',
+                             '--est_steps=200'], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines, watchdog = [], threading.Timer(90, proc.kill)  # a run that never says it: killed, and the test fails
+    # a run that never says it: killed, and the test fails
+    lines, watchdog = [], threading.Timer(90, proc.kill)
     watchdog.start()
     while not lines or not lines[-1].startswith('estimating the loss'):
         lines.append(proc.stdout.readline())
         assert lines[-1], 'the run ended: ' + proc.stderr.read()
     watchdog.cancel()
-    assert re.fullmatch(r'estimating the loss on 2 x 200 batches: ~[\d.]+ (min|h) or more; too big for this CPU \(the '
-                        r'CPU presets, config/cpu_aed_mse_possub.py and config/cpu_baseline.py, take ~5 min\)\n',
-                        lines[-1]), lines[-1]
+    assert re.fullmatch(r'estimating the loss on 2 x 200 batches: ~[\d.]+ (min|h) or more; '
+                        r'too big for this CPU \(the CPU presets, config/cpu_aed_mse_possub.py and '
+                        r'config/cpu_baseline.py, take ~5 min\)\n', lines[-1]), lines[-1]
     time.sleep(1)  # inside the estimate's first batch
     t0 = time.time()
     proc.send_signal(signal.SIGINT)
@@ -1035,14 +1140,16 @@ def test_ctrl_c_at_any_moment(tmp_path):
 
 
 def test_ctrl_c_under_torchrun(tmp_path):
-    """Ctrl-C reaches torchrun, which passes it on to its workers: rank 0 says where the run stopped and how to go
-    on, in one line (torchrun then prints its own traceback)."""
+    """Ctrl-C reaches torchrun, which passes it on to its workers: rank 0 says where the run stopped
+    and how to go on, in one line (torchrun then prints its own traceback)."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'ddp')
-    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2', 'train.py',
-                                 *TINY, f'--data_dir={data}', '--dataset=tiny', '--train_steps=100000',
-                                 '--est_interval=5', '--log_interval=1000', f'--out_dir={out}'],
-                                cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
+                                 '--nproc_per_node=2', 'train.py', *TINY, f'--data_dir={data}',
+                                 '--dataset=tiny', '--train_steps=100000', '--est_interval=5',
+                                 '--log_interval=1000', f'--out_dir={out}'],
+                                cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
                                           and sum(r['type'] == 'step' for r in read_log(out)) >= 6):
@@ -1051,31 +1158,37 @@ def test_ctrl_c_under_torchrun(tmp_path):
     torchrun.send_signal(signal.SIGINT)
     err = torchrun.communicate(timeout=60)[1]
     ours = [line for line in err.splitlines() if line.startswith('error: ')]
-    assert len(ours) == 1 and re.fullmatch(rf"error: interrupted by SIGINT at step \d+; the last checkpoint, "
-                                           rf"{re.escape(out)}/ckpt_last.pt, is from step {load_ckpt(out)['step']}: "
-                                           rf"continue with --init_from=resume --out_dir={re.escape(out)}", ours[0]), err
+    assert len(ours) == 1 and re.fullmatch(
+        rf"error: interrupted by SIGINT at step \d+; the last checkpoint, "
+        rf"{re.escape(out)}/ckpt_last.pt, is from step {load_ckpt(out)['step']}: "
+        rf"continue with --init_from=resume --out_dir={re.escape(out)}", ours[0]), err
 
 
 def test_ddp_timeout(tmp_path):
-    """A rank that never shows up (or hangs) stops the others after ddp_timeout, not torch's 30 minutes."""
+    """A rank that never shows up (or hangs) stops the others after ddp_timeout, not torch's 30
+    minutes."""
     data = make_data(tmp_path)
     # rank 0 of 2 without its partner: the rendezvous waits for it as long as any collective would
-    env = dict(ENV, RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port()))
-    p = subprocess.run([PY, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={tmp_path}/out',
-                        '--ddp_timeout=2'], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    env = dict(ENV, RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+               MASTER_PORT=str(free_port()))
+    p = subprocess.run([PY, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny',
+                        f'--out_dir={tmp_path}/out', '--ddp_timeout=2'], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
     assert_one_line_error(p, 'DDP start-up failed on rank 0', 'Timed out after')
-    assert int(re.search(r'Timed out after (\d+) seconds', p.stderr)[1]) < 10  # ddp_timeout=2 (+ rounding)
+    # ddp_timeout=2 (+ rounding)
+    assert int(re.search(r'Timed out after (\d+) seconds', p.stderr)[1]) < 10
 
 
 def test_orphaned_ddp_workers_stop(tmp_path):
     """After a kill -9 of torchrun its workers stop too, instead of training on alone."""
     data = make_data(tmp_path)
-    args = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=100000', '--est_interval=50',
-                   '--log_interval=1000']
+    args = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=100000',
+                   '--est_interval=50', '--log_interval=1000']
     out = str(tmp_path / 'ddp')
-    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                                 'train.py', *args, f'--out_dir={out}'], cwd=ROOT, env=ENV,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
+                                 '--nproc_per_node=2', 'train.py', *args, f'--out_dir={out}'],
+                                cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
     workers = []
     try:
         deadline = time.time() + 120
@@ -1099,18 +1212,21 @@ def test_orphaned_ddp_workers_stop(tmp_path):
 
 
 def test_a_lost_ddp_rank_is_one_line(tmp_path):
-    """After a kill -9 of one DDP rank the other says in one line which rank it lost and how to go on,
-    instead of gloo's traceback (torchrun's own report follows it)."""
+    """After a kill -9 of one DDP rank the other says in one line which rank it lost and how to go
+    on, instead of gloo's traceback (torchrun's own report follows it)."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'ddp')
-    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                                 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', '--train_steps=100000',
-                                 '--est_interval=5', '--log_interval=1000', f'--out_dir={out}'],
-                                cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
+                                 '--nproc_per_node=2', 'train.py', *TINY, f'--data_dir={data}',
+                                 '--dataset=tiny', '--train_steps=100000', '--est_interval=5',
+                                 '--log_interval=1000', f'--out_dir={out}'],
+                                cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
-                                              and sum(r['type'] == 'step' for r in read_log(out)) >= 6):
+        while time.time() < deadline and not (
+                os.path.exists(os.path.join(out, 'log.jsonl'))
+                and sum(r['type'] == 'step' for r in read_log(out)) >= 6):
             assert torchrun.poll() is None, 'torchrun ended early: ' + torchrun.stderr.read()
             time.sleep(0.1)
         rank1 = [pid for pid in children(torchrun.pid)
@@ -1121,10 +1237,10 @@ def test_a_lost_ddp_rank_is_one_line(tmp_path):
         if torchrun.poll() is None:
             torchrun.kill()
     ours = [line for line in err.splitlines() if line.startswith('error: ')]
-    assert len(ours) == 1 and re.fullmatch(rf"error: rank 0: DDP lost rank 1 at step \d+; the last checkpoint, "
-                                           rf"{re.escape(out)}/ckpt_last.pt, is from step {load_ckpt(out)['step']}: "
-                                           rf"continue with the same torchrun command and --init_from=resume",
-                                           ours[0]), err
+    assert len(ours) == 1 and re.fullmatch(
+        rf"error: rank 0: DDP lost rank 1 at step \d+; the last checkpoint, "
+        rf"{re.escape(out)}/ckpt_last.pt, is from step {load_ckpt(out)['step']}: "
+        rf"continue with the same torchrun command and --init_from=resume", ours[0]), err
     assert 'GLHF' not in err and '[rank0]' not in err, err
 
 
@@ -1158,20 +1274,24 @@ def alive(pid):
 
 
 def test_run_records_where_it_ran_and_its_whole_val_loss(tmp_path):
-    """summary.json says where the run ran (commit, threads, CPU, ...) and, at the end, the last and the best
-    model's ce on all of val.bin (the same tokens whatever the seed), each equal to an independent computation."""
+    """summary.json says where the run ran (commit, threads, CPU, ...) and, at the end, the last and
+    the best model's ce on all of val.bin (the same tokens whatever the seed), each equal to an
+    independent computation."""
     from checkpoint import load
     from model import build_model
     import torch.nn.functional as F
     out = str(tmp_path / 'out')
     assert tiny_run(tmp_path, '--train_steps=10').returncode == 0
-    p = tiny_run(tmp_path, '--init_from=resume', '--train_steps=15', '--lr=3', '--warmup_iters=0')  # val gets worse
+    # val gets worse
+    p = tiny_run(tmp_path, '--init_from=resume', '--train_steps=15', '--lr=3', '--warmup_iters=0')
     assert p.returncode == 0, p.stderr
     s = json.load(open(os.path.join(out, 'summary.json')))
     assert s['best_val_loss'] < s['final_val_loss']  # so the best model is not the last one
-    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
     assert s['commit'] == (head or None) and isinstance(s['tree_changed'], bool) == bool(head)
-    assert s['threads'] == torch.get_num_threads() and s['cpu'] and s['python'] and s['torch'] == torch.__version__
+    assert (s['threads'] == torch.get_num_threads() and s['cpu'] and s['python']
+            and s['torch'] == torch.__version__)
     assert s['cpu_isa'] == torch.backends.cpu.get_cpu_capability()
     val = np.fromfile(os.path.join(tmp_path, 'tiny', 'val.bin'), dtype=np.uint16).astype(np.int64)
     n = (len(val) - 1) // 16  # context_size 16
@@ -1187,4 +1307,5 @@ def test_run_records_where_it_ran_and_its_whole_val_loss(tmp_path):
         ce = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1)).item()
         assert math.isclose(s[key], ce, rel_tol=1e-5), (name, s[key], ce)
     assert s['whole_val_tokens'] == n * 16 and s['whole_val_best'] != s['whole_val_last']
-    assert [r for r in read_log(out) if r['type'] == 'whole_val'][-1]['whole_val_best'] == s['whole_val_best']
+    assert ([r for r in read_log(out) if r['type'] == 'whole_val'][-1]['whole_val_best']
+            == s['whole_val_best'])
