@@ -17,8 +17,8 @@ SVG = '{http://www.w3.org/2000/svg}'
 
 
 def run_report(*args):
-    return subprocess.run([PY, 'experiments/report.py', *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run([PY, 'experiments/report.py', *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
 
 
 def write_run(root, name, records, summary=None):
@@ -36,7 +36,8 @@ def write_run(root, name, records, summary=None):
 def fake_records(config, ests, emb, first_step=0, kind='start', steps=None):
     # ests: [(step, train, val)]; a 'step' record for every step up to the last estimate
     recs = [{'type': kind, 'step': first_step, 'config': config}]
-    recs += [{'type': 'est', 'step': e[0], 'train': e[1], 'val': e[2], 'tokens': 0, 'epochs': 0.0, 'time': 0.0}
+    recs += [{'type': 'est', 'step': e[0], 'train': e[1], 'val': e[2], 'tokens': 0, 'epochs': 0.0,
+              'time': 0.0}
              for e in ests if e[0] == first_step and kind == 'start']
     last = ests[-1][0]
     for s in range(first_step + 1, last + 1) if steps is None else steps:
@@ -44,8 +45,8 @@ def fake_records(config, ests, emb, first_step=0, kind='start', steps=None):
                      'tokens': s * 100, 'time': s * 0.5})
         for e in ests:
             if e[0] == s:
-                recs.append({'type': 'est', 'step': s, 'train': e[1], 'val': e[2], 'tokens': s * 100,
-                             'epochs': s / 100, 'time': s * 0.5})
+                recs.append({'type': 'est', 'step': s, 'train': e[1], 'val': e[2],
+                             'tokens': s * 100, 'epochs': s / 100, 'time': s * 0.5})
     return recs
 
 
@@ -61,16 +62,18 @@ def table_rows(stdout):
 def test_table_chart_resume_and_seeds(tmp_path):
     aed = {'arch': 'aed', 'n_embed': 48, 'seed': 1337, 'out_dir': 'a'}
     est0 = [(0, 10.8, 10.8)]
-    a = write_run(tmp_path, 'run-aed', fake_records(aed, est0 + [(10, 6.0, 6.5), (20, 5.1234, 5.6789)], 4.138e-9),
-        summary={'status': 'finished', 'params': 1_234_567, 'tokens_seen': 2000, 'wall_time_s': 75.0,
-                 'config': aed})
+    a = write_run(tmp_path, 'run-aed',
+                  fake_records(aed, est0 + [(10, 6.0, 6.5), (20, 5.1234, 5.6789)], 4.138e-9),
+                  summary={'status': 'finished', 'params': 1_234_567, 'tokens_seen': 2000,
+                           'wall_time_s': 75.0, 'config': aed})
     # the same config with another seed: the seed-noise line pairs the two
     aed2 = dict(aed, seed=2, out_dir='b')
-    b = write_run(tmp_path, 'run-aed-seed2', fake_records(aed2, est0 + [(10, 6.1, 6.6), (20, 5.2, 5.7011)], 5e-9),
-                  summary={'status': 'finished', 'params': 1_234_567, 'tokens_seen': 2000, 'wall_time_s': 70.0,
-                           'config': aed2})
-    # a run killed after step 14 (last checkpoint at 10) and resumed: its steps 11-14 and the estimate
-    # it logged at 12 are superseded by the resumed process's records
+    b = write_run(tmp_path, 'run-aed-seed2',
+                  fake_records(aed2, est0 + [(10, 6.1, 6.6), (20, 5.2, 5.7011)], 5e-9),
+                  summary={'status': 'finished', 'params': 1_234_567, 'tokens_seen': 2000,
+                           'wall_time_s': 70.0, 'config': aed2})
+    # a run killed after step 14 (last checkpoint at 10) and resumed: its steps 11-14 and the
+    # estimate it logged at 12 are superseded by the resumed process's records
     gpt = {'arch': 'gpt', 'n_embed': 64, 'seed': 1337, 'dropout_rate': 0.0}
     recs = fake_records(gpt, est0 + [(10, 6.2, 6.4), (12, 1.0, 1.0)], None, steps=range(1, 15))
     recs += fake_records(gpt, [(20, 5.0, 5.9)], None, first_step=10, kind='resume')
@@ -83,11 +86,12 @@ def test_table_chart_resume_and_seeds(tmp_path):
     p = run_report(a, b, c, f'--svg={svg}', f'--md={md}')
     assert p.returncode == 0, p.stderr
     rows = table_rows(p.stdout)
-    assert rows['run-aed'] == ['run-aed', '5.123', '5.679', '5.679 (20)', '4.138e-09', '1,234,567', '1337', '20',
-                               '?', '2,000', '1.2 min']
+    assert rows['run-aed'] == ['run-aed', '5.123', '5.679', '5.679 (20)', '4.138e-09', '1,234,567',
+                               '1337', '20', '?', '2,000', '1.2 min']
     assert rows['run-aed-seed2'][1:5] == ['5.200', '5.701', '5.701 (20)', '5.000e-09']
     g = rows['run-gpt (no summary.json)']
-    assert g[1:9] == ['5.000', '5.900', '5.900 (20)', 'N/A', '?', '1337', '20', '?'] and g[10] == '10 s'
+    assert (g[1:9] == ['5.000', '5.900', '5.900 (20)', 'N/A', '?', '1337', '20', '?']
+            and g[10] == '10 s')
     # the seed group: mean ± sample std (|5.6789 - 5.7011| / sqrt(2) = 0.0157), min-max
     assert ('- run-aed: 2 seeds (1337, 2): final val 5.690 ± 0.016 (min 5.679, max 5.701); '
             'best val 5.690 ± 0.016 (min 5.679, max 5.701)') in p.stdout
@@ -97,7 +101,8 @@ def test_table_chart_resume_and_seeds(tmp_path):
     assert root.tag == SVG + 'svg'
     paths = root.findall(f'.//{SVG}path')
     assert len(paths) == 3  # one val curve per run
-    assert [pth.find(SVG + 'title').text for pth in paths] == ['run-aed', 'run-aed-seed2', 'run-gpt']
+    assert [pth.find(SVG + 'title').text for pth in paths] == ['run-aed', 'run-aed-seed2',
+                                                               'run-gpt']
     # another seed of a config: that config's colour, dashed; another config: another colour
     assert paths[0].get('stroke') == paths[1].get('stroke') != paths[2].get('stroke')
     assert paths[0].get('stroke-dasharray') is None and paths[1].get('stroke-dasharray')
@@ -115,7 +120,8 @@ def test_table_chart_resume_and_seeds(tmp_path):
 def test_torn_last_line_is_dropped_and_a_torn_line_inside_is_an_error(tmp_path):
     # a run killed mid-write can leave half a line at the end (train.py cuts it when it resumes)
     cfg = {'arch': 'gpt', 'n_embed': 64, 'seed': 1337}
-    recs = [json.dumps(r) for r in fake_records(cfg, [(0, 10.8, 10.8), (10, 6.2, 6.4)], None, steps=range(1, 13))]
+    recs = [json.dumps(r) for r in fake_records(cfg, [(0, 10.8, 10.8), (10, 6.2, 6.4)], None,
+                                                steps=range(1, 13))]
     d = write_run(tmp_path, 'torn', [])
     with open(os.path.join(d, 'log.jsonl'), 'w') as f:
         f.write('\n'.join(recs) + '\n{"type": "step", "step": 13, "lo')
@@ -132,7 +138,8 @@ def test_bad_input(tmp_path):
     def one_line_error(p, *words):
         assert p.returncode != 0
         err = p.stderr.strip()
-        assert err.startswith('error: ') and len(err.splitlines()) == 1 and 'Traceback' not in err, err
+        assert (err.startswith('error: ') and len(err.splitlines()) == 1
+                and 'Traceback' not in err), err
         for w in words:
             assert w in err, err
 
@@ -155,15 +162,18 @@ def test_real_training_run_end_to_end(tmp_path):
     sentence = rng.integers(0, 50257, size=61)
     os.makedirs(tmp_path / 'tiny')
     for split, n in (('train', 3000), ('val', 1000)):
-        np.tile(sentence, n // 61 + 1)[:n].astype(np.uint16).tofile(str(tmp_path / 'tiny' / f'{split}.bin'))
+        np.tile(sentence, n // 61 + 1)[:n].astype(np.uint16).tofile(
+            str(tmp_path / 'tiny' / f'{split}.bin'))
     out = tmp_path / 'out-tiny'
-    args = ['--arch=aed', '--n_layer=1', '--n_embed=16', '--n_head=2', '--context_size=16', '--vocab_size=50257',
-            '--embedding_loss_type=MSE', '--embedding_loss_coeff=8.0', '--sub_pos_embed_to_decoder=YES_NO_LN',
-            '--batch_size=4', '--gradient_accumulation_steps=1', '--lr=3e-3', '--warmup_iters=1',
-            '--lr_decay_iters=1000', '--est_steps=1', '--est_interval=3', '--train_steps=6', '--compile=False',
-            '--dtype=float32', '--device=cpu', '--log_interval=100', f'--data_dir={tmp_path}', '--dataset=tiny',
-            f'--out_dir={out}']
-    p = subprocess.run([PY, 'train.py', *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    args = ['--arch=aed', '--n_layer=1', '--n_embed=16', '--n_head=2', '--context_size=16',
+            '--vocab_size=50257', '--embedding_loss_type=MSE', '--embedding_loss_coeff=8.0',
+            '--sub_pos_embed_to_decoder=YES_NO_LN', '--batch_size=4',
+            '--gradient_accumulation_steps=1', '--lr=3e-3', '--warmup_iters=1',
+            '--lr_decay_iters=1000', '--est_steps=1', '--est_interval=3', '--train_steps=6',
+            '--compile=False', '--dtype=float32', '--device=cpu', '--log_interval=100',
+            f'--data_dir={tmp_path}', '--dataset=tiny', f'--out_dir={out}']
+    p = subprocess.run([PY, 'train.py', *args], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
     assert p.returncode == 0, p.stderr
     summary = json.load(open(out / 'summary.json'))
     log = [json.loads(line) for line in open(out / 'log.jsonl')]
@@ -175,8 +185,9 @@ def test_real_training_run_end_to_end(tmp_path):
     assert p.returncode == 0, p.stderr
     row = table_rows(p.stdout)['out-tiny']
     best = min((r for r in log if r['type'] == 'est'), key=lambda r: r['val'])
-    assert row[1:8] == [f"{last_est['train']:.3f}", f"{last_est['val']:.3f}", f"{best['val']:.3f} ({best['step']})",
-                        f"{last_step['emb']:.3e}", f"{summary['params']:,}", '1337', '6']
+    assert row[1:8] == [f"{last_est['train']:.3f}", f"{last_est['val']:.3f}",
+                        f"{best['val']:.3f} ({best['step']})", f"{last_step['emb']:.3e}",
+                        f"{summary['params']:,}", '1337', '6']
     assert row[8:10] == [f"{6 * 4 * 16 / 3000:.2f}", f"{6 * 4 * 16:,}"]  # epochs, tokens
     assert row[11:] == [f"{summary['whole_val_last']:.3f}", f"{summary['whole_val_best']:.3f}"]
     speed = run_report(out, '--speed').stdout.split('Speed')[1]
@@ -188,20 +199,22 @@ def test_real_training_run_end_to_end(tmp_path):
 
 
 # ----------------------------------------------------------------------------- the CPU configs
-RUNS = ['aed_cosine', 'aed_mse', 'aed_plain', 'aed_possub', 'aed_mse_possub', 'baseline', 'baseline_small',
-        'baseline_dropout']
+RUNS = ['aed_cosine', 'aed_mse', 'aed_plain', 'aed_possub', 'aed_mse_possub', 'baseline',
+        'baseline_small', 'baseline_dropout']
 SIZE_KEYS = {'n_embed', 'n_layer', 'n_head', 'cross_attn_n_head', 'context_size'}
 
 
 def load_configs(prefix):
     from configurator import load_config
     from conftest import train_defaults
-    return {r: load_config(train_defaults(), [os.path.join(ROOT, 'config', f'{prefix}{r}.py')]) for r in RUNS}
+    return {r: load_config(train_defaults(), [os.path.join(ROOT, 'config', f'{prefix}{r}.py')])
+            for r in RUNS}
 
 
 def test_cpu_configs_mirror_the_author():
     """The eight CPU runs share everything but the model, and differ from each other exactly as the
-    author's eight runs do; parameter order as in docs/model.md, The author's results: baseline_small < AED < baseline."""
+    author's eight runs do; parameter order as in docs/model.md, The author's results:
+    baseline_small < AED < baseline."""
     import dataclasses
     from model import ModelConfig, build_model
     cpu, author = load_configs('cpu_'), load_configs('')
@@ -211,59 +224,72 @@ def test_cpu_configs_mirror_the_author():
         assert [cpu[r][k] for k in common] == [cpu['baseline'][k] for k in common], r
         for k in model_keys:
             if k not in SIZE_KEYS:
-                assert cpu[r][k] == author[r][k], (r, k)  # the run's own options, as the author set them
+                # the run's own options, as the author set them
+                assert cpu[r][k] == author[r][k], (r, k)
     assert len({cpu[r]['out_dir'] for r in RUNS}) == 8
     aed = [r for r in RUNS if r.startswith('aed')]
     for k in SIZE_KEYS:
         assert len({cpu[r][k] for r in aed}) == 1, k  # all AED runs: one size
-    assert cpu['baseline']['n_layer'] == 2 * cpu['aed_mse_possub']['n_layer']  # as deep as encoder + decoder
+    # as deep as encoder + decoder
+    assert cpu['baseline']['n_layer'] == 2 * cpu['aed_mse_possub']['n_layer']
     assert cpu['baseline_small']['n_layer'] == cpu['baseline']['n_layer']
-    assert {k: v for k, v in cpu['baseline_dropout'].items() if k not in ('out_dir', 'dropout_rate')} == \
+    assert {k: v for k, v in cpu['baseline_dropout'].items()
+            if k not in ('out_dir', 'dropout_rate')} == \
         {k: v for k, v in cpu['baseline'].items() if k not in ('out_dir', 'dropout_rate')}
 
     def params(r):
         return build_model(ModelConfig(**{k: cpu[r][k] for k in model_keys})).get_num_params()
-    assert params('baseline_small') < params('aed_mse_possub') < params('baseline') == params('baseline_dropout')
+    assert (params('baseline_small') < params('aed_mse_possub') < params('baseline')
+            == params('baseline_dropout'))
 
 
 def test_seed_groups_compare_and_epochs(tmp_path):
-    """Three seeds of two configs: group statistics, the paired A - B difference, and the epochs axis."""
+    """Three seeds of two configs: group statistics, the paired A - B difference, and the epochs
+    axis."""
     dirs = []
-    vals = {'aed': [(3.40, 3.30), (3.50, 3.35), (3.42, 3.42)], 'gpt': [(3.45, 3.31), (3.44, 3.40), (3.50, 3.38)]}
+    vals = {'aed': [(3.40, 3.30), (3.50, 3.35), (3.42, 3.42)],
+            'gpt': [(3.45, 3.31), (3.44, 3.40), (3.50, 3.38)]}
     for arch, seed_vals in vals.items():
         for seed, (final, best) in zip((1, 2, 3), seed_vals):
             cfg = {'arch': arch, 'seed': seed}
-            if seed > 1:  # written by a later train.py: keys the first seed's config lacks, and run-control keys
-                cfg.update(n_decoder_layer=None, ddp_timeout=600, overwrite=True, init_from='resume')
+            # written by a later train.py: keys the first seed's config lacks, and run-control keys
+            if seed > 1:
+                cfg.update(n_decoder_layer=None, ddp_timeout=600, overwrite=True,
+                           init_from='resume')
             name = arch if seed == 1 else f'{arch}_seed{seed}'
             ests = [(0, 10.8, 10.8), (10, 3.0, best), (20, 2.5, final)]
             recs = fake_records(cfg, ests, None)
-            per_epoch = 10 if arch == 'aed' else 20  # the GPT's 20 steps are one epoch, the AED's two
+            # the GPT's 20 steps are one epoch, the AED's two
+            per_epoch = 10 if arch == 'aed' else 20
             for r in recs:
                 if r['type'] == 'est':
                     r['epochs'] = r['step'] / per_epoch
-            dirs.append(write_run(tmp_path, name, recs, summary={'status': 'finished', 'config': cfg,
-                                                                 'epochs': 20 / per_epoch}))
+            dirs.append(write_run(tmp_path, name, recs,
+                                  summary={'status': 'finished', 'config': cfg,
+                                           'epochs': 20 / per_epoch}))
     svg = tmp_path / 'c.svg'
     p = run_report(*dirs, '--compare=aed,gpt', f'--svg={svg}', '--x=epochs', '--train=True')
     assert p.returncode == 0, p.stderr
     rows = table_rows(p.stdout)
-    assert rows['aed_seed2'][3] == '3.350 (10)' and rows['aed_seed3'][3] == '3.420 (10)'  # best val (first step)
+    # best val (first step)
+    assert rows['aed_seed2'][3] == '3.350 (10)' and rows['aed_seed3'][3] == '3.420 (10)'
     assert rows['aed'][8] == '2.00' and rows['gpt'][8] == '1.00'  # epochs
     # aed final 3.40, 3.50, 3.42: mean 3.440, sample std 0.053
     assert '- aed: 3 seeds (1, 2, 3): final val 3.440 ± 0.053 (min 3.400, max 3.500); ' \
            'best val 3.357 ± 0.060 (min 3.300, max 3.420)' in p.stdout
     # paired final differences -0.05, +0.06, -0.08; best -0.01, -0.05, +0.04
-    assert '- aed - gpt, paired by seed (1, 2, 3): final val -0.023 ± 0.074 (min -0.080, max +0.060); ' \
-           'best val -0.007 ± 0.045 (min -0.050, max +0.040); aed lower in 2 of 3 (final), 2 of 3 (best)' in p.stdout
+    assert ('- aed - gpt, paired by seed (1, 2, 3): final val -0.023 ± 0.074 '
+            '(min -0.080, max +0.060); best val -0.007 ± 0.045 (min -0.050, max +0.040); '
+            'aed lower in 2 of 3 (final), 2 of 3 (best)') in p.stdout
     root = ET.parse(svg).getroot()
     texts = [t.text for t in root.iter(SVG + 'text')]
     assert 'epochs (tokens seen / training tokens)' in texts
     paths = {pth.find(SVG + 'title').text: pth.get('d') for pth in root.findall(f'.//{SVG}path')
              if pth.get('stroke-width') == '2'}
-    # on the epochs axis the GPT's curves end half way across the 540 px plot (x from 70 to 610), the AED's at
-    # the right edge; on the step axis both end at the right edge
-    assert paths['gpt'].split()[-1].startswith('L340.0,') and paths['aed'].split()[-1].startswith('L610.0,')
+    # on the epochs axis the GPT's curves end half way across the 540 px plot (x from 70 to 610),
+    # the AED's at the right edge; on the step axis both end at the right edge
+    assert (paths['gpt'].split()[-1].startswith('L340.0,')
+            and paths['aed'].split()[-1].startswith('L610.0,'))
     assert run_report(*dirs, f'--svg={svg}').returncode == 0
     paths = [pth.get('d') for pth in ET.parse(svg).getroot().findall(f'.//{SVG}path')]
     assert all(d.split()[-1].startswith('L610.0,') for d in paths)
@@ -273,68 +299,83 @@ def test_seed_groups_compare_and_epochs(tmp_path):
         assert p.returncode != 0 and err.startswith('error: ') and len(err.splitlines()) == 1, err
         assert all(w in err for w in words), err
     p = run_report(dirs[0], dirs[3], '--compare=aed,gpt')  # one seed each: no spread to report
-    assert '- aed - gpt, paired by seed (1): final val -0.050 (one seed: no spread yet); ' \
-           'best val -0.010 (one seed: no spread yet); aed lower in 1 of 1 (final), 1 of 1 (best)' in p.stdout
+    assert ('- aed - gpt, paired by seed (1): final val -0.050 (one seed: no spread yet); '
+            'best val -0.010 (one seed: no spread yet); '
+            'aed lower in 1 of 1 (final), 1 of 1 (best)') in p.stdout
     one_line_error(run_report(*dirs, '--compare=aed,bert'), "no run or group named 'bert'")
     one_line_error(run_report(dirs[0], dirs[4], '--compare=aed,gpt_seed2'), 'no seed in common')
     one_line_error(run_report(*dirs, '--compare=aed'), '--compare takes pairs of names')
     one_line_error(run_report(*dirs, '--compare=aed,gpt;gpt'), '--compare takes pairs of names')
     one_line_error(run_report(*dirs, '--x=tokens'), '--x must be step or epochs')
-    # several pairs at once, each paired by seed; a second run of a config at a seed the group has (a re-run)
-    # is a group of its own, not a fourth seed
-    rerun = write_run(tmp_path, 'aed_rerun', fake_records({'arch': 'aed', 'seed': 1}, [(0, 10.8, 10.8), (20, 2.5, 3.0)],
-                                                          None), summary={'status': 'finished', 'config': {'arch': 'aed', 'seed': 1}})
+    # several pairs at once, each paired by seed; a second run of a config at a seed the group has
+    # (a re-run) is a group of its own, not a fourth seed
+    rerun = write_run(tmp_path, 'aed_rerun', fake_records({'arch': 'aed', 'seed': 1},
+                                                          [(0, 10.8, 10.8), (20, 2.5, 3.0)], None),
+                      summary={'status': 'finished', 'config': {'arch': 'aed', 'seed': 1}})
     p = run_report(*dirs, rerun, '--compare=aed,gpt;aed_rerun,aed')
     assert p.returncode == 0, p.stderr
     assert '- aed: 3 seeds (1, 2, 3): final val 3.440' in p.stdout
     assert '- aed - gpt, paired by seed (1, 2, 3): final val -0.023' in p.stdout
-    assert '- aed_rerun - aed, paired by seed (1): final val -0.400 (one seed: no spread yet)' in p.stdout
+    assert ('- aed_rerun - aed, paired by seed (1): final val -0.400 (one seed: no spread yet)'
+            in p.stdout)
 
 
 def test_embedding_loss_diagnostics_table(tmp_path):
-    """--diag: a table per run of the 'emb_diag' dicts that train.py logs with its estimates, at the first, the last
-    and evenly spread estimates between; runs without them get none."""
+    """--diag: a table per run of the 'emb_diag' dicts that train.py logs with its estimates, at the
+    first, the last and evenly spread estimates between; runs without them get none."""
     cfg = {'arch': 'aed', 'seed': 1}
     recs = fake_records(cfg, [(s, 5.0, 5.5) for s in range(0, 100, 10)], 0.5)
     for r in recs:
         if r['type'] == 'est':
-            r['emb_diag'] = {'loss': 1.0 / (1 + r['step']), 'loss_no_affine': 0.9, 'ln_a_weight_rms': 1.0 - r['step'] / 200,
-                             'ln_b_weight_rms': 0.5, 'ln_bias_gap_rms': 0.01, 'avg_spread': 0.2, 'target_spread': 0.3,
+            r['emb_diag'] = {'loss': 1.0 / (1 + r['step']), 'loss_no_affine': 0.9,
+                             'ln_a_weight_rms': 1.0 - r['step'] / 200, 'ln_b_weight_rms': 0.5,
+                             'ln_bias_gap_rms': 0.01, 'avg_spread': 0.2, 'target_spread': 0.3,
                              'cos_no_affine': 0.4}
     d = write_run(tmp_path, 'aed', recs)
-    g = write_run(tmp_path, 'gpt', fake_records({'arch': 'gpt', 'seed': 1}, [(0, 10.8, 10.8), (10, 3.0, 3.0)], None))
+    g = write_run(tmp_path, 'gpt',
+                  fake_records({'arch': 'gpt', 'seed': 1}, [(0, 10.8, 10.8), (10, 3.0, 3.0)], None))
     p = run_report(d, g, '--diag=True')
     assert p.returncode == 0, p.stderr
-    rows = [line for line in p.stdout.split('aed:')[-1].splitlines() if line.startswith('| ') and '---' not in line]
+    rows = [line for line in p.stdout.split('aed:')[-1].splitlines()
+            if line.startswith('| ') and '---' not in line]
     assert rows[0].startswith('| step | loss | loss without LN affine | ln_a weight RMS |')
     steps = [int(r.split('|')[1].replace(',', '')) for r in rows[1:]]
     assert steps[0] == 0 and steps[-1] == 90 and len(steps) == 8 and steps == sorted(set(steps))
     assert rows[-1] == '| 90 | 1.10e-02 | 0.900 | 0.550 | 0.500 | 0.010 | 0.200 | 0.300 | 0.400 |'
-    assert 'gpt:' not in p.stdout and 'embedding loss at the estimates' not in run_report(d, g).stdout
+    assert ('gpt:' not in p.stdout
+            and 'embedding loss at the estimates' not in run_report(d, g).stdout)
 
 
 def test_speed_table(tmp_path):
-    """--speed: the median ms/step, tokens/s and MFU of each run's logged steps, without step 1 (it pays for
-    compiling), and the summary's hardware and peak GPU memory; N/A where a CPU run has no MFU or GPU memory."""
-    ms = {1: 9000.0, 2: 600.0, 3: 700.0, 4: 650.0, 5: 5000.0}  # step 1 (compile) and 5 (an outlier) off the median
+    """--speed: the median ms/step, tokens/s and MFU of each run's logged steps, without step 1 (it
+    pays for compiling), and the summary's hardware and peak GPU memory; N/A where a CPU run has no
+    MFU or GPU memory."""
+    # step 1 (compile) and 5 (an outlier) off the median
+    ms = {1: 9000.0, 2: 600.0, 3: 700.0, 4: 650.0, 5: 5000.0}
     gpu = fake_records({'arch': 'gpt', 'seed': 1}, [(0, 10.8, 10.8), (5, 7.0, 7.1)], None)
     for r in gpu:
         if r['type'] == 'step':
-            r.update(ms=ms[r['step']], tok_s=160000 / ms[r['step']] * 1000, mfu=0.02 * 600 / ms[r['step']])
+            r.update(ms=ms[r['step']], tok_s=160000 / ms[r['step']] * 1000,
+                     mfu=0.02 * 600 / ms[r['step']])
     cpu = fake_records({'arch': 'aed', 'seed': 1}, [(0, 10.8, 10.8), (3, 7.0, 7.1)], None)
     for r in cpu:
         if r['type'] == 'step':
             r.update(ms=1000.0 + r['step'], tok_s=1024.0, mfu=None)
-    d1 = write_run(tmp_path, 'g', gpu, summary={'status': 'finished', 'gpu': 'NVIDIA H100 80GB HBM3', 'device': 'cuda',
-                                                 'dtype': 'bfloat16', 'compiled': True, 'peak_gpu_memory_mib': 5631})
-    d2 = write_run(tmp_path, 'c', cpu, summary={'status': 'finished', 'device': 'cpu', 'dtype': 'float32',
-                                                 'compiled': False, 'peak_gpu_memory_mib': None})
+    d1 = write_run(tmp_path, 'g', gpu,
+                   summary={'status': 'finished', 'gpu': 'NVIDIA H100 80GB HBM3', 'device': 'cuda',
+                            'dtype': 'bfloat16', 'compiled': True, 'peak_gpu_memory_mib': 5631})
+    d2 = write_run(tmp_path, 'c', cpu,
+                   summary={'status': 'finished', 'device': 'cpu', 'dtype': 'float32',
+                            'compiled': False, 'peak_gpu_memory_mib': None})
     p = run_report(d1, d2, '--speed')
     assert p.returncode == 0, p.stderr
     rows = {line.split('|')[1].strip(): [c.strip() for c in line.strip().strip('|').split('|')]
-            for line in p.stdout.split('Speed')[1].splitlines() if line.startswith('| ') and '---' not in line}
-    # GPU steps 2-5: 600, 650, 700, 5000 ms -> median 675; tok/s median of 266,667 246,154 228,571 32,000
-    assert rows['g'] == ['g', 'NVIDIA H100 80GB HBM3', 'bfloat16', 'yes', '4', '675', '237,363', '1.8%', '5,631 MiB']
+            for line in p.stdout.split('Speed')[1].splitlines()
+            if line.startswith('| ') and '---' not in line}
+    # GPU steps 2-5: 600, 650, 700, 5000 ms -> median 675; tok/s median of
+    # 266,667 246,154 228,571 32,000
+    assert rows['g'] == ['g', 'NVIDIA H100 80GB HBM3', 'bfloat16', 'yes', '4', '675', '237,363',
+                         '1.8%', '5,631 MiB']
     assert rows['c'] == ['c', 'cpu', 'float32', 'no', '2', '1,002', '1,024', 'N/A', 'N/A']
     assert 'Speed' not in run_report(d1, d2).stdout  # only when asked
 
