@@ -1,6 +1,7 @@
 """
-Tests of sample.py's streaming: the text it prints token by token is the decoded text of the sampled tokens,
-it shows up while sampling goes on, and Ctrl-C stops it in one line. A tiny model, saved as train.py does.
+Tests of sample.py's streaming: the text it prints token by token is the decoded text of the sampled
+tokens, it shows up while sampling goes on, and Ctrl-C stops it in one line. A tiny model, saved as
+train.py does.
 $ python -m pytest -q test_sample.py
 """
 import dataclasses
@@ -25,9 +26,10 @@ ENV = dict(os.environ, OMP_NUM_THREADS='1')
 
 @pytest.fixture(scope='module')
 def out_dir(tmp_path_factory):
-    # vocab_size 256: GPT-2's first 256 ids are the single bytes, so every character outside ASCII is split
-    # across tokens, and random bytes are often no UTF-8 at all
-    config = ModelConfig(arch='gpt', vocab_size=256, context_size=16, n_embed=16, n_layer=1, n_head=2)
+    # vocab_size 256: GPT-2's first 256 ids are the single bytes, so every character outside ASCII
+    # is split across tokens, and random bytes are often no UTF-8 at all
+    config = ModelConfig(arch='gpt', vocab_size=256, context_size=16, n_embed=16, n_layer=1,
+                         n_head=2)
     torch.manual_seed(0)
     model = build_model(config)
     out = tmp_path_factory.mktemp('out')
@@ -39,13 +41,14 @@ def out_dir(tmp_path_factory):
 def sample(out_dir, *args):
     p = subprocess.run([sys.executable, 'sample.py', f'--out_dir={out_dir}', '--device=cpu', *args],
                        cwd=ROOT, capture_output=True, env=ENV, timeout=120)
-    return p.returncode, p.stdout.decode(), p.stderr.decode()  # not text=True: it would turn \r into \n
+    # not text=True: it would turn \r into \n
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
 
 
 def test_streamed_text_is_the_decoded_tokens(out_dir):
     enc = get_encoding()
-    rc, out, err = sample(out_dir, '--start=H', '--num_samples=3', '--max_new_tokens=200', '--seed=7',
-                          '--top_k=0', '--temperature=2')
+    rc, out, err = sample(out_dir, '--start=H', '--num_samples=3', '--max_new_tokens=200',
+                          '--seed=7', '--top_k=0', '--temperature=2')
     assert rc == 0, err
     # the same samples, not streamed: the same seed and calls as sample.py, decoded at once
     ckpt, config = checkpoint.load(str(out_dir / 'ckpt_best.pt'))
@@ -56,20 +59,21 @@ def test_streamed_text_is_the_decoded_tokens(out_dir):
     x = torch.tensor([enc.encode('H')])
     ids = [model.generate(x, 200, temperature=2.0, top_k=None)[0].tolist() for _ in range(3)]
     assert out == ''.join(enc.decode(i) + '\n---------------\n' for i in ids)
-    # and the test means something: characters were split across tokens (all of them are single bytes), and
-    # some bytes were no UTF-8 at all
+    # and the test means something: characters were split across tokens (all of them are single
+    # bytes), and some bytes were no UTF-8 at all
     assert sum(ord(c) > 127 and c != '\ufffd' for c in out) > 10 and '\ufffd' in out
 
 
 def test_tokens_show_while_sampling_and_ctrl_c_stops_in_one_line(out_dir):
-    proc = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={out_dir}', '--device=cpu', '--start=H',
-                             '--max_new_tokens=1000000'], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={out_dir}', '--device=cpu',
+                             '--start=H', '--max_new_tokens=1000000'], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 300)  # text arrives long before the end
         assert ready and os.read(proc.stdout.fileno(), 100).startswith(b'H')
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=300)  # seconds on any machine; the limit only catches a hang
+        # seconds on any machine; the limit only catches a hang
+        _, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 130
