@@ -1126,8 +1126,8 @@ def test_ctrl_c_at_any_moment(tmp_path):
         assert lines[-1], 'the run ended: ' + proc.stderr.read()
     watchdog.cancel()
     assert re.fullmatch(r'estimating the loss on 2 x 200 batches: ~[\d.]+ (min|h) or more; '
-                        r'too big for this CPU \(the CPU presets, config/cpu_aed_mse_possub.py and '
-                        r'config/cpu_baseline.py, take ~5 min\)\n', lines[-1]), lines[-1]
+                        r'too big for this CPU \(the CPU presets: config/cpu_aed_mse_possub.py, '
+                        r'config/cpu_baseline.py\)\n', lines[-1]), lines[-1]
     time.sleep(1)  # inside the estimate's first batch
     t0 = time.time()
     proc.send_signal(signal.SIGINT)
