@@ -23,6 +23,7 @@ import math
 import os
 import statistics
 import sys
+import textwrap
 from xml.sax.saxutils import escape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -524,6 +525,21 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step')
     return '\n'.join(out) + '\n'
 
 
+def wrap(md, width=100):
+    """Prose and list items re-flowed to width columns (a list item's lines under its text); table
+    rows, which cannot wrap, as they are."""
+    out = []
+    for line in md.split('\n'):
+        if len(line) <= width or line.startswith('|'):
+            out.append(line)
+            continue
+        text = line.lstrip()
+        indent = ' ' * (len(line) - len(text) + (2 if text.startswith('- ') else 0))
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
+                             break_on_hyphens=False)
+    return '\n'.join(out)
+
+
 def write_atomic(path, text):
     tmp = path + '.tmp'
     try:
@@ -558,6 +574,7 @@ if __name__ == '__main__':
         md += ('\nSpeed (medians over the logged steps after the first, which pays for compiling; '
                'train.py times a step without the estimates):\n\n' + '\n'.join(speed_table(runs))
                + '\n')
+    md = wrap(md)
     print(md, end='')
     if opts['md']:
         write_atomic(opts['md'], md)

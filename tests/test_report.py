@@ -17,8 +17,24 @@ SVG = '{http://www.w3.org/2000/svg}'
 
 
 def run_report(*args):
-    return subprocess.run([PY, 'experiments/report.py', *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    # stdout with report.py's wrapped lines joined again, so that a check reads a whole line; the
+    # output as printed in raw
+    p = subprocess.run([PY, 'experiments/report.py', *map(str, args)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    p.raw, p.stdout = p.stdout, unwrap(p.stdout)
+    return p
+
+
+def unwrap(text):
+    # a line that is not blank, not a table row and not a new list item continues the one before
+    lines = []
+    for line in text.split('\n'):
+        new = not line.strip() or line.lstrip().startswith(('- ', '|'))
+        if lines and not new and lines[-1].strip() and not lines[-1].startswith('|'):
+            lines[-1] += ' ' + line.strip()
+        else:
+            lines.append(line)
+    return '\n'.join(lines)
 
 
 def write_run(root, name, records, summary=None):
@@ -95,7 +111,7 @@ def test_table_chart_resume_and_seeds(tmp_path):
     # the seed group: mean ± sample std (|5.6789 - 5.7011| / sqrt(2) = 0.0157), min-max
     assert ('- run-aed: 2 seeds (1337, 2): final val 5.690 ± 0.016 (min 5.679, max 5.701); '
             'best val 5.690 ± 0.016 (min 5.679, max 5.701)') in p.stdout
-    assert md.read_text() == p.stdout
+    assert md.read_text() == p.raw
 
     root = ET.parse(svg).getroot()
     assert root.tag == SVG + 'svg'
@@ -445,6 +461,9 @@ def test_paired_differences_get_a_95_percent_interval(tmp_path):
             'max +0.060); best val -0.023 ± 0.074 (min -0.080, max +0.060); aed lower in 2 of 3 '
             '(final), 2 of 3 (best)\n  - 95% CI of the mean (t, n=3): final val [-0.206, +0.160], '
             'best val [-0.206, +0.160]\n') in p.stdout
+    # as printed: its prose within 100 columns, a list item's lines under its text
+    assert all(len(line) <= 100 for line in p.raw.splitlines() if not line.startswith('|'))
+    assert "best val\n  -0.023 ± 0.074 (min -0.080, max +0.060); aed lower in 2 of 3" in p.raw
     # two seeds: t(0.975, 1) = 12.706; differences -0.05, +0.06: half width 12.706 * 0.0778 / 1.414
     p = run_report(*aed[:2], *gpt[:2], '--compare=aed,gpt')
     assert '  - 95% CI of the mean (t, n=2): final val [-0.694, +0.704]' in p.stdout
