@@ -205,10 +205,10 @@ report() {  # tables and charts over the runs finished so far
     if [ ${#cpairs[@]} -gt 0 ]; then
         {
             echo "The confounds and the first objections (experiments/cpu_data_constrained.sh):" \
-                 "the author's flat lr,"
-            echo "a GPT with the AED's non-embedding parameters, dropout 0.1," \
-                 "the non-collapsing loss at coefficient 1,"
-            echo "and the author's depth; ${#conf[@]} runs here."
+                 "the author's"
+            echo "flat lr, a GPT with the AED's non-embedding parameters, dropout 0.1," \
+                 "the non-collapsing loss"
+            echo "at coefficient 1, and the author's depth; ${#conf[@]} runs here."
             echo
             python experiments/report.py "${conf[@]}" --x=epochs --svg="${RES}_confounds.svg" \
                 "--compare=$(IFS=';'; echo "${cpairs[*]}")" \

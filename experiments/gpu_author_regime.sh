@@ -60,8 +60,8 @@ report() {
         echo "The author's configs on one GPU (experiments/gpu_author_regime.sh):" \
              "${#done[@]} of 12 runs finished;"
         echo "$STEPS steps of 160,000 tokens on the default corpus" \
-             "($(python -c "print(round($STEPS * 160000 / 935703, 1))") epochs;" \
-             "the author: 9000 steps on 38.3M tokens, ~37.6 epochs)."
+             "($(python -c "print(round($STEPS * 160000 / 935703, 1))") epochs;"
+        echo "the author: 9000 steps on 38.3M tokens, ~37.6 epochs)."
         echo
         local compare=()
         [ -d "$RES/baseline" ] && [ -d "$RES/aed_mse_possub" ] &&
