@@ -2,9 +2,11 @@
 # The author's configs at the author's size, on one GPU (bf16 autocast, torch.compile), in the
 # author's regime of epochs: the author trained 9000 steps of 160,000 tokens on 38.3M tokens, ~37.6
 # epochs. Our default corpus (python prepare.py) has 935,703 training tokens, so 220 steps of the
-# same 160,000 tokens are the same ~37.6 epochs. The lr schedule is the author's, scaled to 220
-# steps: warm-up 300 -> 7 steps and the cosine's lr_decay_iters 700,000 -> 17,111, so the lr is flat
-# after the warm-up as in the author's runs.
+# same 160,000 tokens are the same ~37.6 epochs. The lr schedule is the author's, scaled to STEPS
+# (220: warm-up 300 -> 7 steps, the cosine's lr_decay_iters 700,000 -> 17,111), so the lr is flat
+# after the warm-up as in the author's runs. The AED stalled after a 7-step warm-up at the author's
+# peak lr (experiments/README.md, On a GPU): WARMUP=300 keeps the author's own (DECAY overrides
+# lr_decay_iters).
 # Every other key is the config file's (the author's): batch 50 x 16 sequences of 200 tokens,
 # lr 9e-4, ...
 # Estimates every 20 steps (11 points, est_steps 200 as the author) show where val turns up.
@@ -16,19 +18,23 @@
 # the baseline's val turns up.
 #
 # $ bash experiments/gpu_author_regime.sh                  all runs (resumable: finished runs are
-#                                                          skipped)
+#                                                          skipped, a cut-off one resumes)
 # $ bash experiments/gpu_author_regime.sh baseline aed_mse_possub   only the runs named
+# $ STEPS=400 WARMUP=300 RES=experiments/gpu_warmup300 bash experiments/gpu_author_regime.sh \
+#       baseline aed_mse_possub                            the pair, longer, the author's warm-up
 # $ REPORT_ONLY=1 bash experiments/gpu_author_regime.sh    only the table and charts, from what is
 #                                                          finished
 #
-# Runs train in out-gpu/<run> (not in git). A finished run's summary.json (with its tokens/s, the
-# GPU, peak GPU memory) and log.jsonl (estimates, and the step records) are copied to
-# experiments/gpu_author_regime/<run>/, which is committed; a run found there is skipped.
+# Runs train in out-gpu/<RES's name>/<run> (not in git). A finished run's summary.json (with its
+# tokens/s, the GPU, peak GPU memory) and log.jsonl (estimates, and the step records) are copied to
+# RES/<run> (experiments/gpu_author_regime/<run>), which is committed; a run found there is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-out-gpu}
 RES=${RES:-experiments/gpu_author_regime}
 STEPS=${STEPS:-220}
+WARMUP=${WARMUP:-$(( STEPS * 300 / 9000 ))}  # the author's 300 of 9,000 steps, scaled
+DECAY=${DECAY:-$(( STEPS * 700000 / 9000 ))}  # the author's 700,000 of 9,000 steps, scaled
 # run name -> config file and extra flags; seeds of the key pair first, then the author's other six
 declare -A RUN=(
     [baseline]="config/baseline.py" [aed_mse_possub]="config/aed_mse_possub.py"
@@ -80,21 +86,28 @@ python -c 'import sys, torch; torch.cuda.is_available() or sys.exit("error: no C
 'cpu_data_constrained.sh)"); '\
 'print("===", torch.cuda.get_device_name(0), "| torch", torch.__version__)'
 [ -f data/wikipedia/train.bin ] || python prepare.py
-mkdir -p "$RUNS" "$RES"
+mkdir -p "$RUNS/${RES##*/}" "$RES"
 pid=
 trap '[ -z "$pid" ] || { kill -TERM $pid 2>/dev/null; wait $pid; }; exit 130' INT TERM
 for name in "${ORDER[@]}"; do
-    res=$RES/$name out=$RUNS/$name
+    res=$RES/$name out=$RUNS/${RES##*/}/$name  # a study of its own (RES) resumes only its own runs
     if grep -qs '"status": "finished"' "$res/summary.json"; then
         echo "=== $name: finished (in $res), skipped"; continue
     fi
     # shellcheck disable=SC2206  # the config file and its flags, split on spaces
-    args=(${RUN[$name]} --train_steps=$STEPS --warmup_iters=7 --lr_decay_iters=17111
-          --est_interval=20 --log_interval=20 --out_dir=$out --overwrite=True)
+    args=(${RUN[$name]} --train_steps=$STEPS --warmup_iters=$WARMUP --lr_decay_iters=$DECAY
+          --est_interval=20 --log_interval=20 --out_dir=$out)
+    # a run cut off resumes from its last checkpoint (every 20 steps); one cut off before its first
+    # starts over
+    if [ -f "$out/ckpt_last.pt" ]; then
+        args+=(--init_from=resume)
+    else
+        args+=(--overwrite=True)
+    fi
     echo "=== $(date -u +%H:%M:%S) start: ${args[*]}"
     # in the background and waited for, so that a kill of this script (or Ctrl-C)
     # reaches train.py too
-    python train.py "${args[@]}" > >(tee "$out.log") 2>&1 &
+    python train.py "${args[@]}" > >(tee -a "$out.log") 2>&1 &
     pid=$!
     wait $pid || { echo "=== $name failed"; exit 1; }
     grep -q '"status": "finished"' "$out/summary.json"
