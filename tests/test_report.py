@@ -545,3 +545,51 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
     assert rows['run'][-3:] == ['commit', 'threads', 'CPU']
     assert rows['gpt'][-3:] == ['abcdef0+ / abcdef0', '1 / 2', 'AMD EPYC 7B13 (2 CPUs)']
     assert rows['gpt_seed2'][-3:] == ['-', '-', '-']
+
+
+def test_gpu_study_script_scales_the_schedule_and_resumes_a_cut_off_run(tmp_path):
+    """experiments/gpu_author_regime.sh with `python` shimmed: no GPU needed, train.py faked (a
+    finished run is the committed baseline's files; with FAIL set, a run cut off after a save)."""
+    shim = tmp_path / 'bin'
+    shim.mkdir()
+    done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
+    (shim / 'python').write_text(f'''#!/usr/bin/env bash
+if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi  # the script's CUDA check
+if [ "$1" = train.py ]; then
+    echo "$*" >> {tmp_path}/calls
+    out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
+    mkdir -p "$out"
+    if [ -n "${{FAIL:-}}" ]; then touch "$out/ckpt_last.pt"; exit 143; fi
+    cp {done}/log.jsonl {done}/summary.json "$out"
+    exit 0
+fi
+exec {PY} "$@"
+''')
+    (shim / 'python').chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", STEPS='400', WARMUP='300',
+               RUNS=str(tmp_path / 'runs'), RES=str(tmp_path / 'res' / 'w300'))
+
+    def script(**more):
+        return subprocess.run(['bash', 'experiments/gpu_author_regime.sh', 'baseline'], cwd=ROOT,
+                              env=dict(env, **more), capture_output=True, text=True, timeout=120)
+
+    p = script(FAIL='1')
+    assert p.returncode != 0 and '=== baseline failed' in p.stdout, p.stdout + p.stderr
+    p = script()
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = (tmp_path / 'calls').read_text().splitlines()
+    out = tmp_path / 'runs' / 'w300' / 'baseline'  # each RES's runs in a folder of their own
+    # the author's 300 warm-up steps as asked, lr_decay_iters 700,000 of 9,000 steps scaled to 400
+    args = (f'train.py config/baseline.py --train_steps=400 --warmup_iters=300 '
+            f'--lr_decay_iters=31111 --est_interval=20 --log_interval=20 --out_dir={out}')
+    assert calls == [args + ' --overwrite=True', args + ' --init_from=resume']
+    res = tmp_path / 'res' / 'w300'
+    assert (res / 'baseline' / 'summary.json').read_text() == open(f'{done}/summary.json').read()
+    assert '| baseline |' in (tmp_path / 'res' / 'w300.md').read_text()
+    p = script()  # a finished run is skipped
+    assert '=== baseline: finished' in p.stdout
+    assert len((tmp_path / 'calls').read_text().splitlines()) == 2
+    # without WARMUP, the author's 300 of 9,000 steps scaled: 220 steps -> 7, as in the runs above
+    p = script(STEPS='220', WARMUP='', RES=str(tmp_path / 'res220'))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert '--warmup_iters=7 --lr_decay_iters=17111' in (tmp_path / 'calls').read_text()
