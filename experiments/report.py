@@ -202,6 +202,7 @@ def load_run(run_dir):
         'commit': where(lambda s: (s.get('commit') or '?')[:7] + '+' * bool(s.get('tree_changed'))),
         'threads': where(lambda s: str(s['threads'])),
         'cpu': where(lambda s: f"{s.get('cpu') or '?'} ({s.get('cpu_count') or '?'} CPUs)"),
+        'isa': where(lambda s: s.get('cpu_isa') or '?'),
     }
 
 
@@ -243,6 +244,22 @@ def table(runs):
         old = any(r['whole_last'] is None for r in runs)
         lines[-1] += "; '-': the run predates it." if old else "."
     return lines
+
+
+def where_lines(runs):
+    """The runs grouped by where they ran: commit, torch threads, CPU (and GPU); [] when none
+    records it."""
+    if not any(r['threads'] for r in runs):
+        return []
+    groups = {}
+    for r in runs:
+        where = "not recorded (the run predates it)"
+        if r['threads']:
+            gpu = f", {r['hardware']}" if r['hardware'] not in ('cpu', '?') else ""
+            where = (f"commit {r['commit']}, {r['threads']} thread(s), {r['cpu']}, "
+                     f"{r['isa']}{gpu}")
+        groups.setdefault(where, []).append(r['name'])
+    return [f"- {where}: {', '.join(names)}" for where, names in groups.items()]
 
 
 def fmt_loss(v):
@@ -558,6 +575,9 @@ if __name__ == '__main__':
     lines = table(runs)
     groups = seed_groups(runs)
     md = '\n'.join(lines) + '\n'
+    if where := where_lines(runs):
+        md += ("\nWhere they ran (commit, '+': its .py files changed; torch threads; CPU, its "
+               "instruction set; GPU):\n\n" + '\n'.join(where) + '\n')
     if groups:
         md += ('\nSeeds (runs that differ only in the seed; mean ± sample std, and min-max):\n\n'
                + '\n'.join(groups) + '\n')

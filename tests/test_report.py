@@ -534,7 +534,7 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
     log = os.path.join(gpt[0], 'log.jsonl')
     recs = [json.loads(line) for line in open(log)]
     facts = {'commit': 'abcdef0123456789', 'tree_changed': True, 'python': '3.11.7', 'threads': 1,
-             'cpu': 'AMD EPYC 7B13', 'cpu_count': 2}
+             'cpu': 'AMD EPYC 7B13', 'cpu_count': 2, 'cpu_isa': 'AVX2'}
     recs[0].update(facts)
     recs.append(dict(recs[0], type='resume', step=20, threads=2, tree_changed=False))
     with open(log, 'w') as f:
@@ -545,6 +545,12 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
     assert rows['run'][-3:] == ['commit', 'threads', 'CPU']
     assert rows['gpt'][-3:] == ['abcdef0+ / abcdef0', '1 / 2', 'AMD EPYC 7B13 (2 CPUs)']
     assert rows['gpt_seed2'][-3:] == ['-', '-', '-']
+    # and under every table, the runs grouped by where they ran
+    where = p.stdout.split('Where they ran')[1].split('\n\n')[1].splitlines()
+    assert where == [
+        '- commit abcdef0+ / abcdef0, 1 / 2 thread(s), AMD EPYC 7B13 (2 CPUs), AVX2: gpt',
+        '- not recorded (the run predates it): gpt_seed2']
+    assert 'Where they ran' not in run_report(gpt[1], gpt[2]).stdout  # none records it
 
 
 def test_gpu_study_script_scales_the_schedule_and_resumes_a_cut_off_run(tmp_path):
