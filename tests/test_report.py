@@ -599,3 +599,59 @@ exec {PY} "$@"
     p = script(STEPS='220', WARMUP='', RES=str(tmp_path / 'res220'))
     assert p.returncode == 0, p.stdout + p.stderr
     assert '--warmup_iters=7 --lr_decay_iters=17111' in (tmp_path / 'calls').read_text()
+
+
+def test_cpu_study_script_resumes_restarts_skips_and_scrubs_paths(tmp_path):
+    """experiments/cpu_data_constrained.sh with `python` shimmed (train.py faked, report.py and
+    prepare.py skipped): a finished run in RES is skipped, one with a checkpoint resumes, one
+    killed before its first checkpoint starts over, and the committed copies hold no absolute
+    path and only the last step record."""
+    shim, out, res = tmp_path / 'bin', tmp_path / 'out', tmp_path / 'res'
+    shim.mkdir()
+    (shim / 'python').write_text(f'''#!/usr/bin/env bash
+case "$1" in
+    -c) echo "3.11 torch 2"; exit 0 ;;  # the script's version line
+    prepare.py|experiments/report.py) exit 0 ;;
+    train.py) ;;
+    *) exec {PY} "$@" ;;
+esac
+echo "$*" >> {tmp_path}/calls
+dir=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
+mkdir -p "$dir"
+{{
+    echo '{{"type": "start", "step": 0, "config": {{"out_dir": "'$dir'"}}}}'
+    for s in 1 2 3; do echo '{{"type": "step", "step": '$s'}}'; done
+    echo '{{"type": "est", "step": 3}}'
+}} > "$dir/log.jsonl"
+echo '{{"status": "finished", "config": {{"out_dir": "'$dir'"}}}}' > "$dir/summary.json"
+echo "done: fake"
+''')
+    (shim / 'python').chmod(0o755)
+    os.makedirs(res / 'baseline')
+    (res / 'baseline' / 'summary.json').write_text('{"status": "finished"}')
+    os.makedirs(out / 'aed_mse_possub')
+    (out / 'aed_mse_possub' / 'ckpt_last.pt').write_text('')
+    os.makedirs(out / 'baseline_seed2')
+    (out / 'baseline_seed2' / 'log.jsonl').write_text('{"type": "start", "step": 0}\n')
+    p = subprocess.run(['bash', 'experiments/cpu_data_constrained.sh'], cwd=ROOT,
+                       env=dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(out),
+                                RES=str(res)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert '=== baseline: finished' in p.stdout
+    calls = {c.split('--out_dir=')[1].split()[0].split('/')[-1]: c
+             for c in (tmp_path / 'calls').read_text().splitlines()}
+    assert len(calls) == 49 and 'baseline' not in calls  # all 50 runs but the finished one
+    assert calls['aed_mse_possub'].endswith('--init_from=resume')
+    assert calls['baseline_seed2'].endswith('--overwrite=True')
+    assert sum('--init_from' in c or '--overwrite' in c for c in calls.values()) == 2
+    assert calls['aed_deep_seed3'].startswith(
+        'train.py config/cpu_aed_deep.py --train_tokens=100000 --train_steps=2000 '
+        '--lr_decay_iters=2000 ')
+    assert '--lr_decay_iters=700000 --seed=2 ' in calls['baseline_flat_seed2']  # after 2000: wins
+    for name in calls:
+        for f in ('summary.json', 'log.jsonl'):
+            text = (res / name / f).read_text()
+            assert str(tmp_path) not in text and f'"out-cpu-dc/{name}"' in text, (name, f, text)
+        steps = [line for line in (res / name / 'log.jsonl').read_text().splitlines()
+                 if '"step", "step"' in line]
+        assert steps == ['{"type": "step", "step": 3}']
