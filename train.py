@@ -347,8 +347,8 @@ while True:
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
             if est_s is None and device_type == 'cpu' and (expect_s := estimate_seconds()) > 10:
-                too_big = "; too big for this CPU (the CPU presets: config/cpu_aed_mse_possub.py, " \
-                    "config/cpu_baseline.py)" if expect_s > 60 else ""
+                too_big = ("; too big for this CPU (the CPU presets: config/cpu_aed_mse_possub.py,"
+                           " config/cpu_baseline.py)") if expect_s > 60 else ""
                 print(f"estimating the loss on 2 x {est_steps} batches: ~{duration(expect_s)}"
                       f"{' or more' if context_size > 2048 else ''}{too_big}")
             t0 = time.time()

@@ -1139,17 +1139,22 @@ def test_ctrl_c_at_any_moment(tmp_path):
                     '(the same command starts the run over)', err
 
 
+def start_ddp_run(data, out):
+    """A 2-process torchrun of TINY that trains until stopped; its stderr is piped."""
+    return subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
+                             '--nproc_per_node=2', 'train.py', *TINY, f'--data_dir={data}',
+                             '--dataset=tiny', '--train_steps=100000', '--est_interval=5',
+                             '--log_interval=1000', f'--out_dir={out}'],
+                            cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
 def test_ctrl_c_under_torchrun(tmp_path):
     """Ctrl-C reaches torchrun, which passes it on to its workers: rank 0 says where the run stopped
     and how to go on, in one line (torchrun then prints its own traceback)."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'ddp')
-    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
-                                 '--nproc_per_node=2', 'train.py', *TINY, f'--data_dir={data}',
-                                 '--dataset=tiny', '--train_steps=100000', '--est_interval=5',
-                                 '--log_interval=1000', f'--out_dir={out}'],
-                                cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+    torchrun = start_ddp_run(data, out)
     deadline = time.time() + 120
     while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
                                           and sum(r['type'] == 'step' for r in read_log(out)) >= 6):
@@ -1216,12 +1221,7 @@ def test_a_lost_ddp_rank_is_one_line(tmp_path):
     on, instead of gloo's traceback (torchrun's own report follows it)."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'ddp')
-    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
-                                 '--nproc_per_node=2', 'train.py', *TINY, f'--data_dir={data}',
-                                 '--dataset=tiny', '--train_steps=100000', '--est_interval=5',
-                                 '--log_interval=1000', f'--out_dir={out}'],
-                                cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+    torchrun = start_ddp_run(data, out)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (
