@@ -182,7 +182,6 @@ def get_batch(data, ix):
     if device_type == 'cuda':
         x, y = x.pin_memory(), y.pin_memory()
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-    return x.to(device), y.to(device)
 
 def train_offsets(step):
     # a step's batch depends on (seed, step) only, each rank taking its own rows: N ranks see what

@@ -403,16 +403,17 @@ DIAG_COLUMNS = [('loss', 'loss', '.2e'), ('loss_no_affine', 'loss without LN aff
 
 def diag_table(runs, rows=8):
     # the embedding loss's diagnostics at about `rows` of each run's estimates (the first, the last,
-    # evenly between)
+    # evenly between); a column only where the run logged it (train.py's diagnostics changed)
     lines = []
     for r in runs:
         if not r['diag']:
             continue
         pick = sorted({round(i * (len(r['diag']) - 1) / (rows - 1)) for i in range(rows)})
-        lines += [f"\n{r['name']}:\n", "| step | " + " | ".join(c[1] for c in DIAG_COLUMNS) + " |",
-                  "|---" * (len(DIAG_COLUMNS) + 1) + "|"]
+        cols = [c for c in DIAG_COLUMNS if any(d.get(c[0]) is not None for _, d in r['diag'])]
+        lines += [f"\n{r['name']}:\n", "| step | " + " | ".join(c[1] for c in cols) + " |",
+                  "|---" * (len(cols) + 1) + "|"]
         for step, d in (r['diag'][i] for i in pick):
-            cells = [format(d[k], f) if d.get(k) is not None else "N/A" for k, _, f in DIAG_COLUMNS]
+            cells = [format(d[k], f) if d.get(k) is not None else "N/A" for k, _, f in cols]
             lines.append(f"| {step:,} | " + " | ".join(cells) + " |")
     return lines
 

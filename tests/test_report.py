@@ -360,6 +360,13 @@ def test_embedding_loss_diagnostics_table(tmp_path):
     assert rows[-1] == '| 90 | 1.10e-02 | 0.900 | 0.550 | 0.500 | 0.010 | 0.200 | 0.300 | 0.400 |'
     assert ('gpt:' not in p.stdout
             and 'embedding loss at the estimates' not in run_report(d, g).stdout)
+    # today's train.py logs fewer diagnostics: a column it does not log is left out, not N/A
+    for r in recs:
+        for k in ('ln_bias_gap_rms', 'avg_spread', 'target_spread'):
+            r.get('emb_diag', {}).pop(k, None)
+    p = run_report(write_run(tmp_path, 'aed_new', recs), '--diag=True')
+    assert ('| step | loss | loss without LN affine | ln_a weight RMS | ln_b weight RMS | cosine |'
+            in p.stdout and 'N/A' not in p.stdout), p.stdout
 
 
 def test_speed_table(tmp_path):
