@@ -1,5 +1,6 @@
-# What the eight CPU runs (config/cpu_*.py) share; each includes this file after the author's run it
-# mirrors. Not a run of its own. Every key not set here or in the run's file is train.py's default.
+# What every CPU run (config/cpu_*.py) shares: the eight presets include this file after the
+# author's run each mirrors, the study's configs a preset. Not a run of its own. Every key not set
+# here or in the run's files is train.py's default.
 device = 'cpu'
 dtype = 'float32'
 # no faster than eager on this CPU, and compiling costs 18-27 s (docs/performance.md)

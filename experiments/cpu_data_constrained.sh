@@ -21,9 +21,10 @@
 # The runs (RUNS below): the key pair with 3 seeds each, the author's other six once, the author's
 # two "next steps" (positional subtraction on the GPT; 3 encoder + 1 decoder blocks), and the
 # regularised study: the GPT with dropout 0.2 and the key AED config with dropout 0.2 or with an
-# embedding loss that cannot collapse (embedding_ln_affine=False), 3 seeds each. Two at a time with
-# one thread each (JOBS=2): one thread makes a run's numbers independent of the machine's core count
-# and load, and two jobs keep both cores busy. On idle 2-core AMD EPYC VMs: 0.80-1.2 s a step for
+# embedding loss that cannot collapse (embedding_ln_affine=False), 3 seeds each; then the confounds
+# (flat lr, a matched GPT, dropout 0.1, the loss at coefficient 1, the deep pair), 3 seeds each.
+# Two at a time with one thread each (JOBS=2): one thread makes a run's numbers independent of the
+# machine's core count and load, and two jobs keep both cores busy. On idle 2-core AMD EPYC VMs: 0.80-1.2 s a step for
 # each of two runs side by side, 32-45 min a run; on a machine that is also busy with other work,
 # 2-3 times that.
 #
@@ -265,7 +266,7 @@ launch aed_mse_possub_noaffine_seed2 cpu_aed_mse_possub --embedding_ln_affine=Fa
 launch aed_mse_possub_dropout_seed2 cpu_aed_mse_possub --dropout_rate=0.2 --seed=2
 launch aed_mse_possub_noaffine_seed3 cpu_aed_mse_possub --embedding_ln_affine=False --seed=3
 launch aed_mse_possub_dropout_seed3 cpu_aed_mse_possub --dropout_rate=0.2 --seed=3
-# the confounds and the first objections (experiments/README.md, Confounds): seed 1337 of each
+# the confounds and the first objections (experiments/README.md, The confounds): seed 1337 of each
 # first, then 2, 3. flat: the author's schedule (warm-up, then the peak lr: lr_decay_iters 700000 as
 # in config/, the run stops at STEPS); matched: config/cpu_baseline_matched.py, a GPT with the key
 # AED's non-embedding parameters; deep: the author's shape, config/cpu_aed_deep.py (6 + 6 blocks)
