@@ -892,7 +892,10 @@ def test_compiled_decode_step_matches_uncached():
     m = make(cfg).eval()
     seq, _ = batch(cfg, T=cfg.context_size + 5)  # (2, 13)
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     m.compile_decode_step()
+    step, calls = m.compiled_decode_step, []
+    m.compiled_decode_step = lambda *a: calls.append(1) or step(*a)
     with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
         for _ in range(2):  # a second cache: the same compiled step, no recompile
             cache = m.new_kv_cache()
@@ -903,6 +906,9 @@ def test_compiled_decode_step_matches_uncached():
         # generate grows idx by one token a step: the step's input must not bring a new stride each
         # time
         compiled = m.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1)
+    # the compiled step ran for every one-token step inside the window (2-8, twice; then 3-8 in
+    # generate), and it is one graph
+    assert len(calls) == 2 * 7 + 6 and torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
     m.compiled_decode_step = None
     assert torch.equal(compiled, m.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1,
                                             kv_cache=False))
@@ -1403,6 +1409,10 @@ def test_torchs_own_deprecation_warnings_are_filtered():
     file met 14): a warning left in the summary is about this project."""
     def forward(self, x):
         return x
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')  # without the filter: torch does warn here
+        torch.jit.script_method(forward)
+    assert [w for w in caught if issubclass(w.category, DeprecationWarning)]
     with warnings.catch_warnings(record=True) as caught:
         torch.jit.script_method(forward)  # warns: deprecated, switch to torch.compile
     assert not [w for w in caught if issubclass(w.category, DeprecationWarning)], caught[0].message

@@ -142,7 +142,9 @@ def test_clean_cut_points(enc):
                     for _ in range(12))
         for limit in range(1, len(t)):
             p = prepare.clean_cut(t, limit)
-            assert 0 <= p <= limit
+            # the docstring's rule, by brute force: the largest such point, 0 if none
+            rule = [q for q in range(1, limit + 1) if t[q] in " \n" and not t[q - 1].isspace()]
+            assert p == max(rule, default=0), (t, limit, p)
             if p:
                 assert (enc.encode_ordinary(t[:p]) + enc.encode_ordinary(t[p:])
                         == enc.encode_ordinary(t)), (t, p)
@@ -153,8 +155,8 @@ def test_pieces_encode_like_whole_text(tmp_path, monkeypatch, enc):
     monkeypatch.setattr(prepare, "CHUNK", 50)
     monkeypatch.setattr(prepare, "BLOCK", 33)
     for seed in range(40):
-        text = "".join(random.Random(seed).choice(WORDS + [" ", "\n\n\n", "   ", EOT])
-                       for _ in range(300))
+        rng = random.Random(seed)
+        text = "".join(rng.choice(WORDS + [" ", "\n\n\n", "   ", EOT]) for _ in range(300))
         path = write(tmp_path / "f.txt", text)
         for eot in (False, True):
             n, last_eot_end, _ = prepare.scan(path)
@@ -162,8 +164,15 @@ def test_pieces_encode_like_whole_text(tmp_path, monkeypatch, enc):
             ps = list(prepare.pieces(prepare.read_text(path), split_at,
                                      eot and last_eot_end > split_at))
             f = (lambda t: enc.encode(t, allowed_special={EOT})) if eot else enc.encode_ordinary
-            for s in (0, 1):
-                whole = "".join(t for split, t in ps if split == s)
+            train, val = ("".join(t for split, t in ps if split == s) for s in (0, 1))
+            # nothing lost or doubled: the text, split at split_at or at the EOT after it
+            if eot and last_eot_end > split_at:
+                i = text.find(EOT, split_at - len(EOT) + 1)
+                assert (train, val) == (text[:i], text[i + len(EOT):])
+            else:
+                assert (train, val) == (text[:split_at], text[split_at:])
+            assert len(ps) > 10  # cut many times
+            for s, whole in ((0, train), (1, val)):
                 assert sum((f(t) for split, t in ps if split == s), []) == f(whole)
 
 
