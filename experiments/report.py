@@ -247,15 +247,13 @@ def table(runs):
 
 
 def where_lines(runs):
-    """The runs grouped by where they ran: commit, torch threads, CPU (and GPU); [] when none
-    records it."""
-    if not any(r['threads'] for r in runs):
-        return []
+    """The runs grouped by where they ran: commit, torch threads, CPU (and GPU); of a run from
+    before train.py recorded these, the device its log names."""
     groups = {}
     for r in runs:
-        where = "not recorded (the run predates it)"
+        gpu = f", {r['hardware']}" if r['hardware'] not in ('cpu', '?') else ""
+        where = f"commit, threads and CPU not recorded (the run predates it); device {r['hardware']}"
         if r['threads']:
-            gpu = f", {r['hardware']}" if r['hardware'] not in ('cpu', '?') else ""
             where = (f"commit {r['commit']}, {r['threads']} thread(s), {r['cpu']}, "
                      f"{r['isa']}{gpu}")
         groups.setdefault(where, []).append(r['name'])

@@ -565,8 +565,11 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
     where = p.stdout.split('Where they ran')[1].split('\n\n')[1].splitlines()
     assert where == [
         '- commit abcdef0+ / abcdef0, 1 / 2 thread(s), AMD EPYC 7B13 (2 CPUs), AVX2: gpt',
-        '- not recorded (the run predates it): gpt_seed2']
-    assert 'Where they ran' not in run_report(gpt[1], gpt[2]).stdout  # none records it
+        '- commit, threads and CPU not recorded (the run predates it); device cpu: gpt_seed2']
+    # runs that all predate it still say so, with the device their logs name
+    where = run_report(gpt[1], gpt[2]).stdout.split('Where they ran')[1].split('\n\n')[1]
+    assert where == ('- commit, threads and CPU not recorded (the run predates it); device cpu: '
+                     'gpt_seed2, gpt_seed3')
 
 
 def test_gpu_study_script_scales_the_schedule_and_resumes_a_cut_off_run(tmp_path):
