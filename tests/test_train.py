@@ -511,6 +511,7 @@ def test_train_kill_resume_sample(tmp_path):
                 '--max_new_tokens=20', '--device=cpu', '--top_k=0', *flags)
         assert p.returncode == 0, p.stderr
         assert p.stdout.count('---------------') == 2 and p.stdout.startswith('The first of the')
+        assert (', compiled' in p.stderr) == ('--compile=True' in flags), p.stderr
         outs.append(p.stdout)
     # same seed, same samples: the cache and compiling change speed only
     assert outs[0] == outs[1] == outs[2]
