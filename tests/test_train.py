@@ -1143,9 +1143,11 @@ def test_ctrl_c_at_any_moment(tmp_path):
                     '(the same command starts the run over)', err
 
 
-def start_ddp_run(data, out):
-    """A 2-process torchrun of TINY that trains until stopped; its stderr is piped."""
+def start_ddp_run(data, out, monitor_s=0.1):
+    """A 2-process torchrun of TINY that trains until stopped; its stderr is piped. torchrun checks
+    its workers every monitor_s seconds, then stops the others of one that died."""
     return subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
+                             f'--monitor-interval={monitor_s}',
                              '--nproc_per_node=2', 'train.py', *TINY, f'--data_dir={data}',
                              '--dataset=tiny', '--train_steps=100000', '--est_interval=5',
                              '--log_interval=1000', f'--out_dir={out}'],
@@ -1225,7 +1227,9 @@ def test_a_lost_ddp_rank_is_one_line(tmp_path):
     on, instead of gloo's traceback (torchrun's own report follows it)."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'ddp')
-    torchrun = start_ddp_run(data, out)
+    # torchrun checks every 5 s: on a loaded machine its 0.1 s check could stop rank 0 before rank
+    # 0's next collective finds rank 1 gone (it would then say "interrupted by SIGTERM", one line)
+    torchrun = start_ddp_run(data, out, monitor_s=5)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (
