@@ -24,9 +24,9 @@
 # embedding loss that cannot collapse (embedding_ln_affine=False), 3 seeds each; then the confounds
 # (flat lr, a matched GPT, dropout 0.1, the loss at coefficient 1, the deep pair), 3 seeds each.
 # Two at a time with one thread each (JOBS=2): one thread makes a run's numbers independent of the
-# machine's core count and load, and two jobs keep both cores busy. On idle 2-core AMD EPYC VMs: 0.80-1.2 s a step for
-# each of two runs side by side, 32-45 min a run; on a machine that is also busy with other work,
-# 2-3 times that.
+# machine's core count and load, and two jobs keep both cores busy. On idle 2-core AMD EPYC VMs:
+# 0.80-1.2 s a step for each of two runs side by side, 32-45 min a run; on a machine that is also
+# busy with other work, 2-3 times that.
 #
 # $ bash experiments/cpu_data_constrained.sh   (from anywhere; resumable: run it again after a stop)
 # $ REPORT_ONLY=1 bash experiments/cpu_data_constrained.sh   (only the tables and charts, from what

@@ -252,7 +252,8 @@ def where_lines(runs):
     groups = {}
     for r in runs:
         gpu = f", {r['hardware']}" if r['hardware'] not in ('cpu', '?') else ""
-        where = f"commit, threads and CPU not recorded (the run predates it); device {r['hardware']}"
+        where = ("commit, threads and CPU not recorded (the run predates it); "
+                 f"device {r['hardware']}")
         if r['threads']:
             where = (f"commit {r['commit']}, {r['threads']} thread(s), {r['cpu']}, "
                      f"{r['isa']}{gpu}")

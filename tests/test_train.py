@@ -210,6 +210,34 @@ def test_readme_fits_and_cites_what_it_reproduces():
     assert f'to val {val} and' in readme and '6.555' not in readme  # an earlier train.py's
 
 
+def test_hand_written_lines_fit_in_100_columns():
+    """Every line of the code, scripts and docs within 100 characters. Not counted: the rows of the
+    tables that report.py writes (experiments/*.md), the runs' own files, and one verbatim console
+    line that docs/training.md quotes."""
+    verbatim = {('docs/training.md', '  step 1/3 | loss 18.7090 (ce 10.8422 + 8 x emb 9.833e-01)')}
+    names = []
+    for d, dirs, files in os.walk(ROOT):
+        top = os.path.relpath(d, ROOT).split(os.sep)  # ['.'] for ROOT itself
+        # not data/, out*/, local hidden folders, nor the runs' own folders in experiments/
+        skip = top[0] in ('data', '__pycache__') or top[0].startswith('out') \
+            or top[0].startswith('.') and top[0] not in ('.', '.ci') \
+            or top[0] == 'experiments' and len(top) > 1
+        if skip:
+            continue
+        names += [os.path.relpath(os.path.join(d, f), ROOT) for f in files
+                  if f.endswith(('.py', '.md', '.sh', '.ini', '.txt')) or top[0] == '.ci']
+    long = []
+    for name in names:
+        parts = name.split(os.sep)
+        generated = parts[0] == 'experiments' and name.endswith('.md') and parts[1] != 'README.md'
+        for i, line in enumerate(open(os.path.join(ROOT, name), encoding='utf-8'), 1):
+            line = line.rstrip('\n')
+            if len(line) > 100 and not (generated and line.startswith('|')) \
+                    and not any(name == f and line.startswith(v) for f, v in verbatim):
+                long.append(f"{name}:{i} ({len(line)})")
+    assert len(names) > 30 and not long, long
+
+
 def test_collect_defaults():
     ns = {'lr': 1e-3, 'name': 'x', 'flag': False, 'opt': None, '_private': 1, 'os': os, 'fn': len,
           'lst': [1]}
