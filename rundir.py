@@ -65,7 +65,7 @@ class RunDir:
     def __init__(self, out_dir, ckpt=None, overwrite=False, master=True):
         """ckpt: the checkpoint a resume starts from (None: a scratch run). Only rank 0 writes."""
         self.dir, self.master, self.started = out_dir, master, None
-        self.saving = threading.Lock()  # held while a checkpoint is written: a signal waits for it
+        self.saving = threading.Lock()  # held while a checkpoint or summary.json is written
         c = ckpt or {'step': 0, 'best_val_loss': float('inf'), 'best_step': None, 'last_est': {},
                      'elapsed': 0.0}
         self.step, self.best_step = c['step'], c['best_step']
@@ -212,8 +212,9 @@ class RunDir:
                    **self.whole,
                    'wall_time_s': round(self.elapsed(), 1), **self.facts,
                    'peak_gpu_memory_mib': None if gpu_mib is None else round(gpu_mib)}
-        self._write(step, atomic_write, self.path('summary.json'),
-                    lambda f: f.write(json.dumps(summary, indent=2).encode()))
+        with self.saving:  # a signal waits for it too: a kill leaves no summary.json.tmp
+            self._write(step, atomic_write, self.path('summary.json'),
+                        lambda f: f.write(json.dumps(summary, indent=2).encode()))
 
     def check_finite(self, step, named):
         """A NaN or an inf among named (numbers or tensors) stops the run on every rank, without

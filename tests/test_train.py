@@ -1125,6 +1125,21 @@ def test_one_run_per_out_dir_and_signals(tmp_path):
                                                        if f.endswith('.tmp')]
 
 
+
+def test_summary_is_written_under_the_lock_a_signal_waits_for(tmp_path, monkeypatch):
+    """A kill's handler takes run.saving before it exits: summary.json must be written under it,
+    else a SIGTERM in the middle leaves summary.json.tmp behind."""
+    import rundir
+    held = []
+    real = rundir.atomic_write
+    monkeypatch.setattr(rundir, 'atomic_write',
+                        lambda path, write: (held.append(run.saving.locked()), real(path, write)))
+    run = rundir.RunDir(str(tmp_path / 'out'))
+    run.start(10, 100, device='cpu', train_tokens=1000)
+    run.summary(0)
+    assert held and all(held), held
+    assert json.load(open(tmp_path / 'out' / 'summary.json'))['step'] == 0
+
 def threads(pid):
     return len(os.listdir(f'/proc/{pid}/task'))
 
