@@ -1,11 +1,12 @@
 """
-Turn text into training data: data_dir/<name>/train.bin, val.bin (uint16 GPT-2 ids), meta.json.
+Turn text into training data: data_dir/<name>/train.bin, val.bin (uint16 token ids), meta.json.
 
 $ python prepare.py                               # default: 10,033 English Wikipedia lead sections
 $ python prepare.py --input=wiki.txt --name=wiki  # any UTF-8 text (.gz/.bz2/.xz), or an http(s) URL
+$ python prepare.py --tokenizer=bytes             # UTF-8 bytes as ids 0-255 -> data/wikipedia_bytes
 
 The first 90% of the characters go to train, the rest to val, each encoded on its own.
-"<|endoftext|>" separates documents and becomes the eot token (50256); the split then moves on to
+"<|endoftext|>" separates documents and becomes the eot token (50256; bytes: 0); the split then moves on to
 the end of its document. With --no-eot it is plain text: the bins are tiktoken's
 encode_ordinary(text[:int(0.9 * n)]) and encode_ordinary(text[int(0.9 * n):]). The text is streamed:
 memory stays bounded (docs/data.md).
@@ -28,9 +29,8 @@ import urllib.request
 import zlib
 
 from configurator import ConfigError, die, load_config
-from tokenizer import CACHE_DIR, FetchError, get_encoding, wheel_files
+from tokenizer import CACHE_DIR, EOT, FetchError, get_tokenizer, wheel_files
 
-EOT = "<|endoftext|>"
 BLOCK = 1 << 20  # bytes read at a time
 CHUNK = 1 << 20  # characters per text handed to the encoder
 MAX_CARRY = 64 << 20  # a run this long without whitespace is cut anyway (ids may differ only here)
@@ -139,7 +139,7 @@ def encode_to(enc, files, path, split_at, eot, at_eot, log):
             else:  # ~10% faster: no special-token scan
                 batch_ids = enc.encode_ordinary_batch(batch, num_threads=threads)
             for ids in batch_ids:
-                array.array("H", ids).tofile(files[split])  # uint16: GPT-2's ids are < 50257
+                array.array("H", ids).tofile(files[split])  # uint16: all ids are < 50257
                 counts[split] += len(ids)
             if time.time() - last_log > 2:
                 last_log = time.time()
@@ -164,9 +164,11 @@ def wikipedia_text():
 
 
 def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, min_tokens=1025,
-            log=print):
+            log=print, tokenizer="gpt2"):
     """Write data_dir/name/{train.bin, val.bin, meta.json}; returns the metadata. input=None is the
     default Wikipedia corpus. Raises PrepareError (or FetchError) with a one-line message."""
+    if tokenizer not in ("gpt2", "bytes"):
+        raise PrepareError(f"--tokenizer must be 'gpt2' or 'bytes', got {tokenizer!r}")
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     url = input if re.match(r"https?://", input or "") else None
@@ -175,6 +177,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     if not name:
         name = "wikipedia" if input is None else re.sub(r"(\.(txt|gz|bz2|xz))+$", "",
                                                          os.path.basename(input))
+        name += "_bytes" if tokenizer == "bytes" else ""
     if not re.fullmatch(r"[\w.-]+", name) or name in (".", ".."):
         raise PrepareError(f"--name must be letters, digits, '_', '-' or '.', got {name!r}")
     out, t0 = os.path.join(data_dir, name), time.time()
@@ -208,13 +211,14 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         split_at = int(n_chars * (1 - val_fraction))  # text[:int(n * 0.9)]
         at_eot = eot and last_eot_end > split_at
         with open(tmp["train.bin"], "wb") as f_train, open(tmp["val.bin"], "wb") as f_val:
-            counts = encode_to(get_encoding(), (f_train, f_val), path, split_at, eot, at_eot, log)
+            enc = get_tokenizer(tokenizer)
+            counts = encode_to(enc, (f_train, f_val), path, split_at, eot, at_eot, log)
         if min(counts) < min_tokens:
             raise PrepareError(f"too few tokens for a train/val split: train {counts[0]:,}, val "
                                f"{counts[1]:,}; each needs at least {min_tokens:,} (use more text "
                                f"or --min_tokens)")
-        meta = {"vocab_size": 50257, "eot_token": 50256, "dtype": "uint16",
-                "tokenizer": "GPT-2 BPE (tiktoken gpt2)", "train_tokens": counts[0],
+        meta = {"vocab_size": enc.n_vocab, "eot_token": enc.eot_token, "dtype": "uint16",
+                "tokenizer": tokenizer, "train_tokens": counts[0],
                 "val_tokens": counts[1], "eot_separates_documents": eot, "characters": n_chars,
                 "split_character": split_at, "split_moved_to_document_end": at_eot,
                 "source": url or input or WIKI_SOURCE,
@@ -233,10 +237,12 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         if not os.listdir(out):
             os.rmdir(out)  # a failed first run leaves nothing behind
     log(f"{out}: train {counts[0]:,} tokens, val {counts[1]:,} tokens in {time.time() - t0:.1f} s")
+    cfg, default = (("cpu_bytes_aed_mse_possub", "wikipedia_bytes") if tokenizer == "bytes"
+                    else ("cpu_aed_mse_possub", "wikipedia"))
     flags = "" if data_dir == "data" else f" --data_dir={data_dir}"  # train.py's defaults
-    flags += "" if name == "wikipedia" else f" --dataset={name}"
-    flags += f" --out_dir=out-{name}" if flags else ""  # not the quick start's run: that is refused
-    log(f"train on it: python train.py config/cpu_aed_mse_possub.py{flags}")
+    flags += "" if name == default else f" --dataset={name}"
+    flags += f" --out_dir=out-{name}" if flags else ""  # not the config's own run: that is refused
+    log(f"train on it: python train.py config/{cfg}.py{flags}")
     return meta
 
 
@@ -244,6 +250,8 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
 OPTIONS = dict(
     input="",          # UTF-8 text file (.gz/.bz2/.xz ok) or http(s) URL; '' = the Wikipedia text
     name="",           # the dataset's name (train.py's --dataset): '' = wikipedia, or the input's
+                       # (+ '_bytes' with --tokenizer=bytes)
+    tokenizer="gpt2",  # 'gpt2' (GPT-2 BPE ids) or 'bytes' (UTF-8 bytes as ids 0-255, eot 0)
     eot=True,          # encode <|endoftext|> in the text as the eot token; --no-eot: as plain text
     val_fraction=0.1,  # share of the characters for val
     min_tokens=1025,   # fewest tokens each split may have
@@ -258,7 +266,7 @@ def main(argv=sys.argv[1:]):
     try:
         o = load_config(OPTIONS, argv, sources=[__file__])
         prepare(o["input"] or None, o["name"] or None, o["data_dir"], o["eot"], o["val_fraction"],
-                o["min_tokens"], log=lambda msg: print(msg, flush=True))
+                o["min_tokens"], log=lambda msg: print(msg, flush=True), tokenizer=o["tokenizer"])
     except (ConfigError, PrepareError, FetchError) as e:
         die(e)
     except OSError as e:  # input errors are PrepareErrors already: this is the output (disk full)

@@ -15,7 +15,7 @@ import torch
 from checkpoint import CheckpointError, load as load_checkpoint
 from configurator import ConfigError, collect_defaults, die, load_config, resolve_device
 from model import build_model
-from tokenizer import get_encoding
+from tokenizer import EOT, get_tokenizer
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'           # where train.py wrote its checkpoints
@@ -87,8 +87,8 @@ if start.startswith('FILE:'):
     except UnicodeDecodeError as e:
         die(f"prompt file {path} is not UTF-8 text (byte {e.start} is "
             f"{e.object[e.start:e.start + 1]!r})")
-enc = get_encoding()
-start_ids = enc.encode(start, allowed_special={'<|endoftext|>'}) or [enc.eot_token]  # '': eot
+enc = get_tokenizer(ckpt.get('tokenizer', 'gpt2'))  # the run's data: GPT-2 ids or bytes
+start_ids = enc.encode(start, allowed_special={EOT}) or [enc.eot_token]  # '': eot
 if max(start_ids) >= model_config.vocab_size:
     die(f"the prompt has token id {max(start_ids)}, but the model's vocab_size is "
         f"{model_config.vocab_size}")

