@@ -6,8 +6,8 @@ $ python prepare.py --input=wiki.txt --name=wiki  # any UTF-8 text (.gz/.bz2/.xz
 $ python prepare.py --tokenizer=bytes             # UTF-8 bytes as ids 0-255 -> data/wikipedia_bytes
 
 The first 90% of the characters go to train, the rest to val, each encoded on its own.
-"<|endoftext|>" separates documents and becomes the eot token (50256; bytes: 0); the split then moves on to
-the end of its document. With --no-eot it is plain text: the bins are tiktoken's
+"<|endoftext|>" separates documents and becomes the eot token (50256; bytes: 0); the split then
+moves on to the end of its document. With --no-eot it is plain text: the bins are tiktoken's
 encode_ordinary(text[:int(0.9 * n)]) and encode_ordinary(text[int(0.9 * n):]). The text is streamed:
 memory stays bounded (docs/data.md).
 """
@@ -237,7 +237,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         if not os.listdir(out):
             os.rmdir(out)  # a failed first run leaves nothing behind
     log(f"{out}: train {counts[0]:,} tokens, val {counts[1]:,} tokens in {time.time() - t0:.1f} s")
-    cfg, default = (("cpu_bytes_aed_mse_possub", "wikipedia_bytes") if tokenizer == "bytes"
+    cfg, default = (("bytes_aed_mse_possub", "wikipedia_bytes") if tokenizer == "bytes"
                     else ("cpu_aed_mse_possub", "wikipedia"))
     flags = "" if data_dir == "data" else f" --data_dir={data_dir}"  # train.py's defaults
     flags += "" if name == default else f" --dataset={name}"

@@ -183,9 +183,9 @@ if os.path.isfile(meta_path):  # prepare.py's record: the model's vocabulary mus
     except ValueError as e:
         die(f"{meta_path} is not valid JSON ({e}): run prepare.py again")
     if meta.get('vocab_size', vocab_size) != vocab_size:
-        die(f"{os.path.join(data_dir, dataset)} holds {meta.get('tokenizer')} ids of a vocabulary of "
-            f"{meta['vocab_size']}, but vocab_size is {vocab_size}: set --vocab_size="
-            f"{meta['vocab_size']} (config/cpu_bytes_*.py do, for bytes)")
+        die(f"{os.path.join(data_dir, dataset)} holds {meta.get('tokenizer')} ids of a vocabulary "
+            f"of {meta['vocab_size']}, but vocab_size is {vocab_size}: set --vocab_size="
+            f"{meta['vocab_size']} (config/bytes_*.py do, for bytes)")
 tokenizer = 'bytes' if meta.get('tokenizer') == 'bytes' else 'gpt2'  # sample.py decodes with it
 
 def get_batch(data, ix):

@@ -191,6 +191,26 @@ def test_no_eot_is_the_authors_split(tmp_path, monkeypatch, enc):
     assert meta["vocab_size"] == 50257 and meta["eot_separates_documents"] is False
 
 
+def test_bytes_are_utf8_with_eot_zero(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepare, "CHUNK", 500)
+    docs = [d + " café ∑ 🙂" for d in make_docs(100, seed=2)]
+    text = EOT.join(docs)
+    meta = prepare.prepare(write(tmp_path / "b.txt", text), None, data_dir=str(tmp_path),
+                           log=lambda *a: None, min_tokens=1, tokenizer="bytes")
+    train, val = bins(tmp_path, "b_bytes")  # the default name says what the ids are
+    decode = lambda ids: bytes(ids).replace(b"\0", EOT.encode()).decode()
+    assert decode(train) + EOT + decode(val) == text  # the EOT at the split is dropped
+    assert max(train + val) < 256 and train.count(0) + val.count(0) == len(docs) - 2
+    assert (meta["vocab_size"], meta["eot_token"], meta["tokenizer"]) == (256, 0, "bytes")
+    # --no-eot: the bytes of the text, split at 90% of its characters
+    prepare.prepare(write(tmp_path / "b.txt", text), "n", data_dir=str(tmp_path),
+                    log=lambda *a: None, min_tokens=1, tokenizer="bytes", eot=False)
+    b = int(0.9 * len(text))
+    assert bins(tmp_path, "n") == [list(text[:b].encode()), list(text[b:].encode())]
+    with pytest.raises(prepare.PrepareError, match="--tokenizer must be 'gpt2' or 'bytes'"):
+        prepare.prepare(write(tmp_path / "b.txt", text), "x", tokenizer="chars")
+
+
 def test_eot_between_documents_and_clean_split(tmp_path, monkeypatch, enc):
     monkeypatch.setattr(prepare, "CHUNK", 500)
     docs = make_docs(200, seed=1)
@@ -278,7 +298,7 @@ def test_interrupted_write_leaves_no_bins(tmp_path, monkeypatch, enc, exc):
     # no outputs yet / a redo over finished outputs
     for out in (tmp_path / "new", tmp_path / "old"):
         failing = FailingEncoding(enc, out / "t" / f"train.bin.{os.getpid()}.tmp", exc)
-        monkeypatch.setattr(prepare, "get_encoding", lambda: failing)
+        monkeypatch.setattr(prepare, "get_tokenizer", lambda name: failing)
         with pytest.raises(type(exc)):
             run(path, out, eot=False)
         assert failing.calls == 2  # it failed mid-run, after batch 1 was written

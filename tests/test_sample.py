@@ -64,6 +64,24 @@ def test_streamed_text_is_the_decoded_tokens(out_dir):
     assert sum(ord(c) > 127 and c != '\ufffd' for c in out) > 10 and '\ufffd' in out
 
 
+def test_a_byte_level_run_samples_bytes(out_dir, tmp_path):
+    # the checkpoint says its data were bytes: the prompt is encoded and the samples decoded so,
+    # id 0 as the end of a document
+    ckpt, config = checkpoint.load(str(out_dir / 'ckpt_best.pt'))
+    checkpoint.save({**ckpt, 'tokenizer': 'bytes'}, str(tmp_path / 'ckpt_best.pt'))
+    rc, out, err = sample(tmp_path, '--start=é', '--num_samples=2', '--max_new_tokens=300',
+                          '--seed=3', '--top_k=0', '--temperature=2')
+    assert rc == 0, err
+    torch.manual_seed(3)
+    model = build_model(config)
+    model.load_state_dict(ckpt['model'])
+    model.eval()
+    x = torch.tensor([list('é'.encode())])
+    ids = [model.generate(x, 300, temperature=2.0, top_k=None)[0].tolist() for _ in range(2)]
+    decode = lambda i: bytes(i).replace(b'\0', b'<|endoftext|>').decode(errors='replace')
+    assert out == ''.join(decode(i) + '\n---------------\n' for i in ids)
+    assert '<|endoftext|>' in out and out.startswith('é')
+
 def test_tokens_show_while_sampling_and_ctrl_c_stops_in_one_line(out_dir):
     proc = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={out_dir}', '--device=cpu',
                              '--start=H', '--max_new_tokens=1000000'], cwd=ROOT, env=ENV,

@@ -289,6 +289,27 @@ def test_cpu_runs_are_the_authors_runs_at_cpu_size():
             == (600, 8, 128, 2e-3))  # docs
 
 
+def test_byte_pair_is_the_key_pair_at_byte_size():
+    """config/bytes_*.py: the author's key AED and GPT at a byte-level size with bytes_common.py's
+    settings, the GPT's non-embedding parameters (all but wte) within 1% of the AED's."""
+    from checkpoint import MODEL_KEYS
+    from configurator import read_config_file
+    from model import ModelConfig, build_model
+    defaults, path = train_defaults(), lambda n: os.path.join(ROOT, 'config', n)
+    common = read_config_file(path('bytes_common.py'), defaults)
+    size = {'out_dir', 'n_embed', 'n_layer', 'n_head', 'cross_attn_n_head'}
+    non_emb = []
+    for name in ('aed_mse_possub', 'baseline'):
+        small, author = (load_config(defaults, [path(f)])
+                         for f in (f'bytes_{name}.py', f'{name}.py'))
+        assert {k for k in defaults if small[k] != author[k]} <= size | set(common), name
+        assert all(small[k] == v for k, v in common.items()), name
+        m = build_model(ModelConfig(**{k: small[k] for k in MODEL_KEYS}))
+        non_emb.append(m.get_num_params() - m.wte.weight.numel())
+    aed, gpt = load_config(defaults, [path('bytes_aed_mse_possub.py')]), non_emb
+    assert aed['cross_attn_n_head'] == 2 * aed['n_head'] and common['vocab_size'] == 256
+    assert abs(gpt[1] / gpt[0] - 1) < 0.01, gpt
+
 def test_config_files_state_only_what_they_change():
     """No config file sets a key to train.py's default (arch aside, which says which model it is),
     and no CPU run repeats a key of config/cpu_common.py, which they all include."""
@@ -802,6 +823,14 @@ def test_bad_values_and_data_are_one_line(tmp_path):
     ids[321] = 2000  # >= TINY's vocab_size 1024
     assert_one_line_error(bad_data('big_id', train=ids.tobytes()),
                           'holds token id 2000, but vocab_size is 1024')
+    # ids that fit, of another vocabulary (bytes): meta.json says so, and the run is refused
+    d = make_data(tmp_path / 'bytes')
+    (tmp_path / 'bytes' / 'tiny' / 'meta.json').write_text('{"vocab_size": 256, "tokenizer": '
+                                                           '"bytes"}')
+    assert_one_line_error(run_here('train.py', *TINY, f'--data_dir={d}', '--dataset=tiny',
+                                   f'--out_dir={tmp_path}/bytes/out'),
+                          'holds bytes ids of a vocabulary of 256, but vocab_size is 1024',
+                          '--vocab_size=256')
 
 
 def test_a_run_that_ends_inside_its_warm_up_or_its_decay_is_told(tmp_path, monkeypatch):

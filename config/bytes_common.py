@@ -1,4 +1,4 @@
-# What the byte-level runs (config/cpu_bytes_*.py) share: UTF-8 bytes as tokens
+# What the byte-level runs (config/bytes_*.py) share: UTF-8 bytes as tokens
 # (python prepare.py --tokenizer=bytes), a data-constrained slice seen many times, the author's
 # schedule (warm-up, then a flat lr), on one CPU thread. Not a run of its own.
 device = 'cpu'
@@ -11,9 +11,7 @@ train_tokens = 1_000_000  # the first 1M bytes of train.bin: ~16 epochs in train
 batch_size = 16
 gradient_accumulation_steps = 1
 lr = 2e-3
-warmup_iters = 100
-lr_decay_iters = 700000  # as the author's: ~flat after the warm-up
-min_lr = 2e-4
+warmup_iters = 100  # then train.py's default schedule, the author's: ~flat over train_steps
 train_steps = 4000
 est_interval = 200
 est_steps = 20
