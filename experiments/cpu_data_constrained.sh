@@ -50,8 +50,10 @@ RES=${RES:-experiments/data_constrained}
 TRAIN_TOKENS=${TRAIN_TOKENS:-100000}
 STEPS=${STEPS:-2000}
 EST_INTERVAL=${EST_INTERVAL:-100}
-JOBS=${JOBS:-2}
-export OMP_NUM_THREADS=1
+OUT_NAME=out-cpu-dc
+ARGS=(--train_tokens="$TRAIN_TOKENS" --train_steps="$STEPS" --lr_decay_iters="$STEPS"
+      --est_interval="$EST_INTERVAL" --log_interval=100)
+source experiments/runs.sh  # run, launch, finish: each run once, resumable, two at a time
 RUNS=(
     baseline aed_mse_possub baseline_seed2 aed_mse_possub_seed2 baseline_seed3 aed_mse_possub_seed3
     aed_mse aed_plain aed_possub aed_cosine baseline_small baseline_dropout gpt_possub aed_3enc_1dec
@@ -74,62 +76,17 @@ RUNS=(
 echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)," \
     "python $(python -c \
     'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
-[ -n "${REPORT_ONLY:-}" ] || python prepare.py  # data/wikipedia/{train,val}.bin (a few seconds)
+if [ -z "${REPORT_ONLY:-}" ]; then
+    python prepare.py  # data/wikipedia/{train,val}.bin (a few seconds)
+    # the count-model floors of the same tokens, scored as the runs' whole val (seconds)
+    python experiments/floors.py --train_tokens="$TRAIN_TOKENS" --context_size=128 \
+        --json="${RES}_floors.json"
+fi
 mkdir -p "$RES"
 
-run() {  # run <run name> <config name> [extra train.py args...]
-    local name=$1 out=$OUT/$1 res=$RES/$1 config=config/$2.py
-    shift 2
-    if grep -qs '"status": "finished"' "$res/summary.json"; then
-        echo "=== $name: finished (in $res), skipped"
-        return
-    fi
-    local args=("$config" --train_tokens=$TRAIN_TOKENS --train_steps=$STEPS --lr_decay_iters=$STEPS
-                --est_interval=$EST_INTERVAL --log_interval=100 "$@" ${EXTRA[@]+"${EXTRA[@]}"}
-                --out_dir="$out")
-    if [ -f "$out/ckpt_last.pt" ]; then
-        args+=(--init_from=resume)
-    elif [ -f "$out/log.jsonl" ]; then
-        # killed before its first checkpoint: nothing to resume, start it over
-        args+=(--overwrite=True)
-    fi
-    echo "=== $(date -u +%H:%M:%S) start: ${args[*]}"
-    mkdir -p "$OUT"
-    # in the background and waited for, so that a kill of this job (`pkill -f` matches it as well as
-    # the script) reaches train.py, which stops cleanly, instead of leaving it running on its own
-    python train.py "${args[@]}" >> "$out.log" 2>&1 &
-    local pid=$!
-    trap 'kill -TERM $pid 2>/dev/null; wait $pid; exit 143' TERM
-    if ! wait $pid; then
-        echo "=== $name failed: the end of $out.log:"; tail -n 5 "$out.log"; return 1
-    fi
-    grep -q '"status": "finished"' "$out/summary.json"
-    # the committed copy: small (no per-step records but the last), written whole before it counts
-    mkdir -p "$res"
-    {
-        grep -v '"type": "step"' "$out/log.jsonl"
-        grep '"type": "step"' "$out/log.jsonl" | tail -n 1
-    } > "$res/log.jsonl.tmp"
-    mv "$res/log.jsonl.tmp" "$res/log.jsonl"
-    cp "$out/summary.json" "$res/summary.json.tmp"
-    mv "$res/summary.json.tmp" "$res/summary.json"
-    # no path of this machine in what is committed: an absolute OUT becomes the default's name
-    if [ "${OUT#/}" != "$OUT" ]; then
-        sed -i "s#\"$OUT/#\"out-cpu-dc/#g" "$res/summary.json" "$res/log.jsonl"
-    fi
-    echo "=== $(date -u +%H:%M:%S) $name finished: $(tail -n 1 "$out.log")"
-}
-
-launch() {  # launch <run name> <config name> [args]: run it in the background once one of the
-            # JOBS slots is free
-    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do
-        wait -n || true  # a failed run does not stop the others; the end says which failed
-        report
-    done
-    run "$@" &
-}
-
-report() {  # tables and charts over the runs finished so far
+report() {  # tables and charts over the runs finished so far, with the count-model floors
+    local fl=()
+    if [ -f "${RES}_floors.json" ]; then fl=(--floors="${RES}_floors.json"); fi
     local done=() r
     for r in "${RUNS[@]}"; do
         if grep -qs '"status": "finished"' "$RES/$r/summary.json"; then done+=("$RES/$r"); fi
@@ -151,13 +108,13 @@ report() {  # tables and charts over the runs finished so far
         echo "$TRAIN_TOKENS training tokens, $STEPS steps of 8 x 128 tokens," \
              "estimates every $EST_INTERVAL steps."
         echo
-        python experiments/report.py "${done[@]}" "${compare[@]}" --svg="$RES.svg" --x=epochs \
+        python experiments/report.py "${done[@]}" "${compare[@]}" ${fl[@]+"${fl[@]}"} \
+            --svg="$RES.svg" --x=epochs \
             --title="val loss, $TRAIN_TOKENS training tokens (${#done[@]} of ${#RUNS[@]} runs)"
     } > "$RES.md.tmp"
     mv "$RES.md.tmp" "$RES.md"
     # the regularised study: dropout and the embedding loss, against the key pair, paired by seed
-    local reg=() pairs=() have
-    have() { grep -qs '"status": "finished"' "$RES/$1/summary.json"; }
+    local reg=() pairs=()
     for r in baseline baseline_seed2 baseline_seed3 aed_mse_possub aed_mse_possub_seed2 \
              aed_mse_possub_seed3 \
              baseline_dropout baseline_dropout_seed2 baseline_dropout_seed3 aed_mse_possub_dropout \
@@ -180,7 +137,7 @@ report() {  # tables and charts over the runs finished so far
             echo "cannot collapse (embedding_ln_affine=False), against the key pair;" \
                  "${#reg[@]} runs finished."
             echo
-            python experiments/report.py "${reg[@]}" --diag=True --x=epochs \
+            python experiments/report.py "${reg[@]}" --diag=True ${fl[@]+"${fl[@]}"} --x=epochs \
                 --svg="${RES}_regularised.svg" \
                 ${pairs[@]+"--compare=$(IFS=';'; echo "${pairs[*]}")"} \
                 --title="val loss, regularised runs and the key pair (${#reg[@]} runs)"
@@ -211,7 +168,8 @@ report() {  # tables and charts over the runs finished so far
                  "the non-collapsing loss"
             echo "at coefficient 1, and the author's depth; ${#conf[@]} runs here."
             echo
-            python experiments/report.py "${conf[@]}" --x=epochs --svg="${RES}_confounds.svg" \
+            python experiments/report.py "${conf[@]}" --x=epochs ${fl[@]+"${fl[@]}"} \
+                --svg="${RES}_confounds.svg" \
                 "--compare=$(IFS=';'; echo "${cpairs[*]}")" \
                 --title="val loss, the confounds and objections (${#conf[@]} runs)"
         } > "${RES}_confounds.md.tmp"
@@ -223,20 +181,11 @@ report() {  # tables and charts over the runs finished so far
     fi
 }
 
-# Ctrl-C or a kill stops the runs too (background jobs of a script ignore SIGINT by themselves)
-stop_runs() {
-    local p
-    for p in $(jobs -rp); do pkill -TERM -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done
-    wait
-    exit 130
-}
-trap stop_runs INT TERM
 # REPORT_ONLY=1: rewrite the tables and charts from the finished runs, no training
 if [ -n "${REPORT_ONLY:-}" ]; then
     report
     exit 0
 fi
-start=$(date +%s)
 launch baseline cpu_baseline
 launch aed_mse_possub cpu_aed_mse_possub
 launch baseline_seed2 cpu_baseline --seed=2
@@ -284,18 +233,4 @@ for s in 1337 2 3; do
     launch aed_deep$sfx cpu_aed_deep --seed=$s
     launch baseline_deep$sfx cpu_baseline_deep --seed=$s
 done
-while [ -n "$(jobs -rp)" ]; do
-    wait -n || true
-    report
-done
-wait || true  # any job that ended between the checks above
-report
-echo "=== this invocation: $(( ($(date +%s) - start) / 60 )) min"
-missing=()
-for r in "${RUNS[@]}"; do
-    grep -qs '"status": "finished"' "$RES/$r/summary.json" || missing+=("$r")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "=== not finished: ${missing[*]} (see $OUT/<run>.log; run the script again to retry)"
-    exit 1
-fi
+finish

@@ -134,8 +134,9 @@ def main(argv=sys.argv[1:]):
 def floors_line(r):
     """The floors as one markdown line, as report.py prints them under a table."""
     grams = ", ".join(f"{n}-gram {v:.3f}" for n, v in r['floors'].items())
-    return (f"Count-model floors ({r['tokenizer']} ids, the first {r['train_tokens']:,} train "
-            f"tokens, all of val.bin; experiments/floors.py): {grams}.")
+    kind = {'gpt2': 'GPT-2 tokens', 'bytes': 'bytes'}.get(r['tokenizer'], 'tokens')
+    return (f"Count-model floors (interpolated Kneser-Ney, experiments/floors.py) from the first "
+            f"{r['train_tokens']:,} {kind} of train.bin, on all of val.bin: {grams}.")
 
 
 if __name__ == "__main__":

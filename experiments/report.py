@@ -15,7 +15,7 @@ of val.bin. The embedding loss is the unweighted training-batch embedding loss o
 Runs that differ only in the seed are a group: the report gives each group's mean, sample standard
 deviation and min-max of the final and of the best val loss; --compare, A - B paired by seed, with a
 95% interval. A key missing from a run's saved config (the run predates it) means its default, read
-from train.py and model.py. Uses only the standard library.
+from train.py and model.py. Uses only the standard library (numpy too with --floors).
 """
 import ast
 import json
@@ -55,6 +55,8 @@ OPTIONS = dict(
     compare='',   # A,B: A - B paired by seed (A, B: a run, for its seed group); several: 'A,B;C,D'
     diag=False,   # also a table of the embedding loss's diagnostics (logged at every estimate)
     speed=False,  # also a table of each run's speed: median ms/step, tokens/s and MFU; peak memory
+    floors='',    # a JSON of experiments/floors.py: the count-model floors under the table and
+                  # on the chart
 )
 
 
@@ -244,6 +246,26 @@ def table(runs):
         old = any(r['whole_last'] is None for r in runs)
         lines[-1] += "; '-': the run predates it." if old else "."
     return lines
+
+
+def read_floors(path, runs):
+    # experiments/floors.py's JSON, with where the runs stand against the floors: the whole-val
+    # loss of each run's best model (what an early stop would keep) against the lowest floor
+    from floors import floors_line
+    try:
+        with open(path) as f:
+            r = json.load(f)
+    except (OSError, ValueError) as e:
+        die(f"--floors: cannot read {path} ({getattr(e, 'strerror', None) or e})")
+    lowest = min(r['floors'].values())
+    scored = [x for x in runs if x['whole_best'] is not None]
+    if scored:
+        below = sum(x['whole_best'] < lowest for x in scored)
+        r['line'] = (f"{floors_line(r)} Runs whose best model is below the lowest floor on all of "
+                     f"val.bin: {below} of {len(scored)}.")
+    else:
+        r['line'] = floors_line(r)
+    return r
 
 
 def where_lines(runs):
@@ -441,7 +463,7 @@ def fmt_tick(v, step):
     return f"{v:.{decimals}f}" if decimals else f"{v:,.0f}"
 
 
-def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step'):
+def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step', floors=None):
     if xaxis == 'epochs':
         # the same curves against passes over the training tokens (train.py logs them with each
         # estimate)
@@ -456,6 +478,8 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step')
     ys = [v for r in runs for s, t, v in r['curve'] if s > 0 or len(r['curve']) == 1]
     if train:
         ys += [t for r in runs for s, t, v in r['curve'] if s > 0 or len(r['curve']) == 1]
+    floors = floors or {}
+    ys += list(floors.values())
     lo = ymin if ymin is not None else min(ys)
     hi = ymax if ymax is not None else max(ys)
     if hi <= lo:
@@ -502,6 +526,12 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step')
                f'</text>')
     out.append(f'<text transform="translate(18 {top + ph / 2}) rotate(-90)" text-anchor="middle">'
                f'{"loss (thick: val, thin dashed: train)" if train else "val loss"}</text>')
+    for n, v in floors.items():  # the count-model floors: grey, dotted, named at the right
+        if lo <= v <= hi:
+            out.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{left + pw}" y2="{py(v):.1f}" '
+                       f'stroke="#888" stroke-dasharray="1,3"/>')
+            out.append(f'<text x="{left + pw - 4}" y="{py(v) - 4:.1f}" text-anchor="end" '
+                       f'fill="#666">{n}-gram {v:.3f}</text>')
     # a colour per config; another seed of the same config gets its colour with a dash pattern
     group_of = {id(r): name for name, group in groups_of(runs).items() for r in group}
     styles, seen = [], {}
@@ -575,6 +605,10 @@ if __name__ == '__main__':
     lines = table(runs)
     groups = seed_groups(runs)
     md = '\n'.join(lines) + '\n'
+    floors = None
+    if opts['floors']:
+        floors = read_floors(opts['floors'], runs)
+        md += '\n' + floors['line'] + '\n'
     if where := where_lines(runs):
         md += ("\nWhere they ran (commit, '+': its .py files changed; torch threads; CPU, its "
                "instruction set; GPU):\n\n" + '\n'.join(where) + '\n')
@@ -600,4 +634,5 @@ if __name__ == '__main__':
         write_atomic(opts['md'], md)
     if opts['svg']:
         write_atomic(opts['svg'], svg_chart(runs, opts['train'], opts['ymin'], opts['ymax'],
-                                            opts['title'], opts['x']))
+                                            opts['title'], opts['x'],
+                                            floors and floors['floors']))

@@ -105,7 +105,7 @@ def test_command_writes_the_floors_of_a_prepared_dataset(tmp_path):
     assert got["train_tokens"] == 4000 and got["val_tokens_scored"] == 699 // 64 * 64
     assert got["floors"] == {str(n): round(floors.floor(train, val, 256, n, 64), 4)
                              for n in (1, 2, 3)}
-    assert "1-gram" in r.stdout and "the first 4,000 train tokens" in r.stdout
+    assert "1-gram" in r.stdout and "the first 4,000 bytes of train.bin" in r.stdout
     assert "commit" in got and "/tmp" not in json.dumps(got)
     r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "floors.py"),
                         f"--data_dir={tmp_path / 'data'}", "--dataset=nothing"],

@@ -545,6 +545,22 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
     assert rows['aed_seed3 (no summary.json)'][11:] == ['-', '-']
     assert 'whole val' not in run_report(*gpt[2:]).stdout.lower()  # no column when no run has it
 
+    # the count-model floors under the table and on the chart, with how many best models are below
+    # the lowest (of the runs with a current whole-val figure: aed's 3.20, 3.30, gpt's 3.25, 3.31)
+    floors = tmp_path / 'floors.json'
+    floors.write_text(json.dumps({'tokenizer': 'bytes', 'train_tokens': 5000,
+                                  'floors': {'1': 3.9, '2': 3.26}}))
+    p = run_report(*aed, *gpt, f'--floors={floors}', f'--svg={tmp_path / "c.svg"}')
+    assert p.returncode == 0, p.stderr
+    assert ('Count-model floors (interpolated Kneser-Ney, experiments/floors.py) from the first '
+            '5,000 bytes of train.bin, on all of val.bin: 1-gram 3.900, 2-gram 3.260. Runs whose '
+            'best model is below the lowest floor on all of val.bin: 2 of 4.') in p.stdout
+    svg = (tmp_path / 'c.svg').read_text()
+    assert '>1-gram 3.900</text>' in svg and '>2-gram 3.260</text>' in svg
+    assert_one_line = run_report(*aed, f'--floors={tmp_path / "none.json"}')
+    assert assert_one_line.returncode == 1 and 'error: --floors: cannot read' in \
+        assert_one_line.stderr
+
     # where it ran: a run started at a commit with changes in its tree, one thread, then resumed
     # elsewhere with two; a run from before train.py recorded it gets '-'
     log = os.path.join(gpt[0], 'log.jsonl')
