@@ -690,3 +690,45 @@ echo "done: fake"
         steps = [line for line in (res / name / 'log.jsonl').read_text().splitlines()
                  if '"step", "step"' in line]
         assert steps == ['{"type": "step", "step": 3}']
+
+
+def test_byte_study_script_picks_the_dropout_at_the_pilot_seed(tmp_path):
+    """experiments/cpu_bytes.sh with `python` shimmed (train.py faked: a run's best whole-val is
+    1.5 but 1.4 for the GPT at dropout 0.2): the pilot first, the dropout arm at the better rate
+    of seed 0, every study run at its seed; rerun, everything is skipped."""
+    shim, out = tmp_path / 'bin', tmp_path / 'out'
+    shim.mkdir()
+    (shim / 'python').write_text(f'''#!/usr/bin/env bash
+case "$1" in
+    prepare.py|experiments/floors.py|experiments/report.py) exit 0 ;;
+    train.py) ;;
+    *) exec {PY} "$@" ;;
+esac
+echo "$*" >> {tmp_path}/calls
+dir=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
+mkdir -p "$dir"
+best=1.5; case "$*" in *dropout_rate=0.2*seed=0*) best=1.4 ;; esac
+printf '%s\\n' '{{"type": "start", "step": 0}}' '{{"type": "step", "step": 1}}' > "$dir/log.jsonl"
+echo '{{"status": "finished", "whole_val_best": '$best'}}' > "$dir/summary.json"
+''')
+    (shim / 'python').chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(out),
+               PILOT=str(tmp_path / 'pilot'), STUDY=str(tmp_path / 'study'))
+    p = subprocess.run(['bash', 'experiments/cpu_bytes.sh'], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = [c.split('--out_dir=')[1].split('/')[-1] + ' ' + c.split('--out_dir=')[0]
+             for c in (tmp_path / 'calls').read_text().splitlines()]
+    assert len(calls) == 24 and len(set(calls)) == 24
+    first = [c.split()[0] for c in calls[:4]]
+    assert sorted(first) == ['aed_mse_possub_1m', 'baseline_1m', 'baseline_dropout01',
+                             'baseline_dropout02']
+    study = {c.split()[0]: c for c in calls[4:]}
+    assert study['baseline_dropout_seed4'].endswith(
+        'config/bytes_baseline.py --dropout_rate=0.2 --seed=4 ')
+    assert study['aed_mse_possub'].endswith('config/bytes_aed_mse_possub.py --seed=1337 ')
+    assert study['aed_mse_possub_dropout_seed5'].endswith('--dropout_rate=0.2 --seed=5 ')
+    assert all((tmp_path / 'study' / n / 'summary.json').is_file() for n in study)
+    p = subprocess.run(['bash', 'experiments/cpu_bytes.sh'], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.count('skipped') == 24, p.stdout + p.stderr
