@@ -19,6 +19,8 @@ echo "=== $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | 
     "python $(python -c \
     'import platform, torch; print(platform.python_version(), "torch", torch.__version__)')"
 python prepare.py  # data/wikipedia/{train,val}.bin (a few seconds)
+# the count-model floors of all of train.bin, scored as the runs' whole val (seconds)
+python experiments/floors.py --context_size=128 --json=experiments/results_floors.json
 
 run() {  # run <run name> <config name> [extra train.py args...]
     local out=$OUT/$1 config=config/$2.py
@@ -63,4 +65,5 @@ echo "=== all runs done in $(( ($(date +%s) - start) / 60 )) min"
 python experiments/report.py $OUT/aed_cosine $OUT/aed_mse $OUT/aed_plain $OUT/aed_possub \
     $OUT/aed_mse_possub $OUT/aed_mse_possub_seed2 $OUT/baseline $OUT/baseline_seed2 \
     $OUT/baseline_small $OUT/baseline_dropout $OUT/gpt_possub $OUT/aed_3enc_1dec \
-    --compare=aed_mse_possub,baseline --md=experiments/results.md --svg=experiments/results.svg
+    --compare=aed_mse_possub,baseline --floors=experiments/results_floors.json \
+    --md=experiments/results.md --svg=experiments/results.svg

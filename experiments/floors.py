@@ -120,22 +120,25 @@ def main(argv=sys.argv[1:]):
         print(f"{n}-gram: {floors[str(n)]:.4f}", file=sys.stderr, flush=True)
     from rundir import provenance  # imports torch: only when done
     result = {'dataset': c['dataset'], 'tokenizer': meta.get('tokenizer'), 'vocab_size': V,
-              'train_tokens': len(train), 'context_size': T,
+              'train_tokens': len(train), 'all_of_train': not c['train_tokens'], 'context_size': T,
               'val_tokens_scored': len(val_targets(val, T)[0]), 'method': METHOD,
               'floors': floors, **provenance()}
     print(floors_line(result))
     if c['json']:
-        tmp = f"{c['json']}.tmp"
-        with open(tmp, 'w') as f:
-            json.dump(result, f, indent=2)
-        os.replace(tmp, c['json'])
+        try:
+            with open(f"{c['json']}.tmp", 'w') as f:
+                json.dump(result, f, indent=2)
+            os.replace(f"{c['json']}.tmp", c['json'])
+        except OSError as e:
+            die(f"cannot write {c['json']}: {e.strerror}")
 
 
 def floors_line(r):
     """The floors as one markdown line, as report.py prints them under a table."""
     grams = ", ".join(f"{n}-gram {v:.3f}" for n, v in r['floors'].items())
     kind = {'gpt2': 'GPT-2 tokens', 'bytes': 'bytes'}.get(r['tokenizer'], 'tokens')
-    return (f"Count-model floors (interpolated Kneser-Ney, experiments/floors.py) from the first "
+    which = 'all' if r.get('all_of_train') else 'the first'
+    return (f"Count-model floors (interpolated Kneser-Ney, experiments/floors.py) from {which} "
             f"{r['train_tokens']:,} {kind} of train.bin, on all of val.bin: {grams}.")
 
 

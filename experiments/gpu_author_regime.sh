@@ -69,11 +69,12 @@ report() {
              "($(python -c "print(round($STEPS * 160000 / 935703, 1))") epochs;"
         echo "the author: 9000 steps on 38.3M tokens, ~37.6 epochs)."
         echo
-        local compare=()
+        local compare=() fl=()
+        if [ -f "${RES}_floors.json" ]; then fl=(--floors="${RES}_floors.json"); fi
         [ -d "$RES/baseline" ] && [ -d "$RES/aed_mse_possub" ] &&
             compare=(--compare=aed_mse_possub,baseline)
         python experiments/report.py "${done[@]}" "${compare[@]}" --svg="$RES.svg" --x=epochs \
-            --train=True --speed \
+            --train=True --speed ${fl[@]+"${fl[@]}"} \
             --title="the author's configs on one GPU, $STEPS steps: val (solid) and train (dashed)"
     } > "$RES.md.tmp"
     mv "$RES.md.tmp" "$RES.md"
@@ -87,6 +88,8 @@ python -c 'import sys, torch; torch.cuda.is_available() or sys.exit("error: no C
 'print("===", torch.cuda.get_device_name(0), "| torch", torch.__version__)'
 [ -f data/wikipedia/train.bin ] || python prepare.py
 mkdir -p "$RUNS/${RES##*/}" "$RES"
+# the count-model floors of all of train.bin, scored as the runs' whole val (seconds)
+python experiments/floors.py --context_size=200 --json="${RES}_floors.json"
 pid=
 trap '[ -z "$pid" ] || { kill -TERM $pid 2>/dev/null; wait $pid; }; exit 130' INT TERM
 for name in "${ORDER[@]}"; do
