@@ -12,7 +12,7 @@
 # steps) showed 100k overfitting within 3 epochs and 250k not yet; the baseline run of this script
 # then confirmed the choice: its val loss is lowest at 8.2 epochs and ends 0.30 higher, with train
 # loss 3.1 below val (experiments/README.md, Data-constrained, many epochs).
-#   TRAIN_TOKENS=100000  the baseline overfits as the author's did: train far below val (>= 0.3),
+#   TRAIN_TOKENS=100000  the baseline overfits: train far below val (>= 0.3),
 #                        and val passes its minimum and turns up well before the end
 #   STEPS=2000           20.5 epochs (the author: ~37); the lr decays to min_lr at the last step, as
 #                        in the CPU presets
