@@ -12,7 +12,7 @@
 # steps) showed 100k overfitting within 3 epochs and 250k not yet; the baseline run of this script
 # then confirmed the choice: its val loss is lowest at 8.2 epochs and ends 0.30 higher, with train
 # loss 3.1 below val (experiments/README.md, Data-constrained, many epochs).
-#   TRAIN_TOKENS=100000  the baseline overfits as the author's did: train far below val (>= 0.3),
+#   TRAIN_TOKENS=100000  the baseline overfits: train far below val (>= 0.3),
 #                        and val passes its minimum and turns up well before the end
 #   STEPS=2000           20.5 epochs (the author: ~37); the lr decays to min_lr at the last step, as
 #                        in the CPU presets
@@ -160,13 +160,21 @@ report() {  # tables and charts over the runs finished so far, with the count-mo
              aed_mse_possub_noaffine_coeff1,baseline aed_deep,baseline_deep; do
         if have "${p%,*}" && have "${p#*,}"; then cpairs+=("$p"); fi
     done
+    # post hoc: the AED-GPT pairs that share no run (dropout 0.2, where the AED underfits, aside)
+    # pooled, seed pairs as one sample
+    if have aed_deep_seed3 && have baseline_deep_seed3 && have aed_mse_possub_flat_seed3 &&
+        have baseline_flat_seed3 && have aed_mse_possub_dropout01_seed3 &&
+        have baseline_dropout01_seed3; then
+        p=aed_mse_possub,baseline+aed_mse_possub_flat,baseline_flat+aed_deep,baseline_deep
+        cpairs+=("$p+aed_mse_possub_dropout01,baseline_dropout01")
+    fi
     if [ ${#cpairs[@]} -gt 0 ]; then
         {
             echo "The confounds and the first objections (experiments/cpu_data_constrained.sh):" \
                  "the author's"
             echo "flat lr, a GPT with the AED's non-embedding parameters, dropout 0.1," \
                  "the non-collapsing loss"
-            echo "at coefficient 1, and the author's depth; ${#conf[@]} runs here."
+            echo "at coefficient 1, and the author's shape; ${#conf[@]} runs here."
             echo
             python experiments/report.py "${conf[@]}" --x=epochs ${fl[@]+"${fl[@]}"} \
                 --svg="${RES}_confounds.svg" \

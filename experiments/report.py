@@ -14,8 +14,10 @@ estimate and its step (an oracle early stop); whole val, the last and the best m
 of val.bin. The embedding loss is the unweighted training-batch embedding loss of the last step.
 Runs that differ only in the seed are a group: the report gives each group's mean, sample standard
 deviation and min-max of the final and of the best val loss; --compare, A - B paired by seed, with a
-95% interval. A key missing from a run's saved config (the run predates it) means its default, read
-from train.py and model.py. Uses only the standard library (numpy too with --floors).
+95% interval (A,B+C,D: both pairs' seed pairs pooled). Each run is given once, under a name (its
+directory's) of its own: a repeat would count as more seeds. A key missing from a run's saved
+config (the run predates it) means its default, read from train.py and model.py. Uses only the
+standard library (numpy too with --floors).
 """
 import ast
 import json
@@ -52,7 +54,8 @@ OPTIONS = dict(
     ymax=None,    # (the same, at the top)
     title='',     # chart title ('' = a description of the curves)
     x='step',     # the chart's x axis: step, or epochs (passes over the training tokens)
-    compare='',   # A,B: A - B paired by seed (A, B: a run, for its seed group); several: 'A,B;C,D'
+    compare='',   # A,B: A - B paired by seed (A, B: a run, for its seed group); several: 'A,B;C,D';
+                  # pooled into one sample: 'A,B+C,D'
     diag=False,   # also a table of the embedding loss's diagnostics (logged at every estimate)
     speed=False,  # also a table of each run's speed: median ms/step, tokens/s and MFU; peak memory
     floors='',    # a JSON of experiments/floors.py: the count-model floors under the table and
@@ -73,13 +76,24 @@ def parse_args(argv):
     if opts['x'] not in ('step', 'epochs'):
         die(f"--x must be step or epochs, got '{opts['x']}'")
     if opts['compare']:
-        pairs = [p.split(',') for p in opts['compare'].split(';')]
-        if not all(len(p) == 2 and all(p) for p in pairs):
-            die(f"--compare takes pairs of names, A,B or A,B;C,D; got '{opts['compare']}'")
-        opts['compare'] = pairs
+        comps = [[p.split(',') for p in c.split('+')] for c in opts['compare'].split(';')]
+        if not all(len(p) == 2 and all(p) for c in comps for p in c):
+            die("--compare takes pairs of names, A,B or A,B;C,D (A,B+C,D: pooled); "
+                f"got '{opts['compare']}'")
+        opts['compare'] = comps
     if not dirs:
         die("no run directories given (usage: python experiments/report.py out-dir [out-dir ...] "
             "[--svg=PATH] [--md=PATH])")
+    # a name stands for one run in the table, its seed group and --compare: a run given twice, or a
+    # working copy beside its committed copy, would be counted as another seed or replace one
+    paths, names = {}, {}
+    for d in dirs:
+        real, name = os.path.realpath(d), os.path.basename(os.path.normpath(d))
+        if real in paths:
+            die(f"{d}: given twice (as {paths[real]} too); give each run once")
+        if name in names:
+            die(f"two runs named '{name}' ({names[name]} and {d}); give one of them")
+        paths[real] = names[name] = d
     return dirs, opts
 
 
@@ -377,30 +391,46 @@ def seed_groups(runs):
     return lines
 
 
-def compare(runs, a, b):
+def compare(runs, pairs):
     # A - B, paired by seed: with one seed, two configs see the same training and estimate batches.
-    # A and B: a run, standing for its group
+    # A and B: a run, standing for its group. Several pairs: their seed pairs pooled into one
+    # sample, which needs pairs that share no run
     groups = groups_of(runs)
     group_of = {r['name']: group for group in groups.values() for r in group}
-    for name in (a, b):
-        if name not in group_of:
-            die(f"--compare: no run or group named '{name}' (groups: {', '.join(groups)})")
-    by_seed = [{r['seed']: r for r in group_of[name]} for name in (a, b)]
-    seeds = [s for s in by_seed[0] if s in by_seed[1]]
-    if not seeds:
-        die(f"--compare: {a} and {b} have no seed in common")
-    pairs = [(by_seed[0][s], by_seed[1][s]) for s in seeds]
-    final = [x['val'] - y['val'] for x, y in pairs]
-    best = [x['best_val'] - y['best_val'] for x, y in pairs]
-    lines = [f"- {a} - {b}, paired by seed ({', '.join(str(s) for s in seeds)}): "
+    matched = []
+    for a, b in pairs:
+        for name in (a, b):
+            if name not in group_of:
+                die(f"--compare: no run or group named '{name}' "
+                    f"(groups: {', '.join(groups)})")
+        by_seed = [{r['seed']: r for r in group_of[name]} for name in (a, b)]
+        seeds = [s for s in by_seed[0] if s in by_seed[1]]
+        if not seeds:
+            die(f"--compare: {a} and {b} have no seed in common")
+        matched += [(by_seed[0][s], by_seed[1][s]) for s in seeds]
+    used = [r['name'] for pair in matched for r in pair]
+    if len(pairs) > 1 and len(set(used)) < len(used):
+        shared = next(n for n in used if used.count(n) > 1)
+        die(f"--compare: pooled pairs share the run {shared} (pool pairs with no run in common)")
+    a, b = pairs[0]
+    if len(pairs) == 1:
+        seeds = ', '.join(str(x['seed']) for x, _ in matched)
+        head, first = f"{a} - {b}, paired by seed ({seeds})", a
+    else:
+        head = f"{' and '.join(f'{a} - {b}' for a, b in pairs)}, pooled ({len(matched)} seed pairs)"
+        first = "the first"
+    final = [x['val'] - y['val'] for x, y in matched]
+    best = [x['best_val'] - y['best_val'] for x, y in matched]
+    lines = [f"- {head}: "
              f"final val {fmt_stats(final, signed=True)}; best val {fmt_stats(best, signed=True)}; "
-             f"{a} lower in {sum(d < 0 for d in final)} of {len(final)} (final), "
+             f"{first} lower in {sum(d < 0 for d in final)} of {len(final)} (final), "
              f"{sum(d < 0 for d in best)} of {len(best)} (best)"]
-    if len(pairs) > 1:
-        lines.append(f"  - 95% CI of the mean (t, n={len(pairs)}): final val {ci95(final)}, "
+    if len(matched) > 1:
+        lines.append(f"  - 95% CI of the mean (t, n={len(matched)}): final val {ci95(final)}, "
                      f"best val {ci95(best)}")
     # all of val.bin, where both runs of a pair were scored on the same tokens
-    whole = [(x, y) for x, y in pairs if x['whole_last'] is not None and y['whole_last'] is not None
+    whole = [(x, y) for x, y in matched
+             if x['whole_last'] is not None and y['whole_last'] is not None
              and x['whole_tokens'] == y['whole_tokens']]
     if whole:
         last, best = ([x[k] - y[k] for x, y in whole] for k in ('whole_last', 'whole_best'))
@@ -409,9 +439,10 @@ def compare(runs, a, b):
         def cell(d):
             return fmt_stats(d, signed=True) + (f", 95% CI {ci95(d)}" if n > 1 else "")
         seeds = ', '.join(str(x['seed']) for x, _ in whole)
-        lines.append(f"  - whole val, paired by seed ({seeds}): last {cell(last)}; "
-                     f"best {cell(best)}; {a} lower in {sum(d < 0 for d in last)} of {n} (last), "
-                     f"{sum(d < 0 for d in best)} of {n} (best)")
+        which = f"paired by seed ({seeds})" if len(pairs) == 1 else f"{n} of the seed pairs"
+        lines.append(f"  - whole val, {which}: last {cell(last)}; "
+                     f"best {cell(best)}; {first} lower in {sum(d < 0 for d in last)} of {n} "
+                     f"(last), {sum(d < 0 for d in best)} of {n} (best)")
     return lines
 
 
@@ -617,7 +648,7 @@ if __name__ == '__main__':
                + '\n'.join(groups) + '\n')
     if opts['compare']:
         md += ('\nDifference (negative: the first is lower):\n\n'
-               + '\n'.join(line for pair in opts['compare'] for line in compare(runs, *pair))
+               + '\n'.join(line for pairs in opts['compare'] for line in compare(runs, pairs))
                + '\n')
     if opts['diag'] and any(r['diag'] for r in runs):
         md += ('\nThe embedding loss at the estimates (on one fixed training batch, without '

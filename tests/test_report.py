@@ -480,6 +480,55 @@ def test_paired_differences_get_a_95_percent_interval(tmp_path):
     assert 'paired by seed (1)' in p.stdout and '95% CI' not in p.stdout
 
 
+def one_line_error(p, *words):
+    err = p.stderr.strip()
+    assert p.returncode != 0 and err.startswith('error: ') and len(err.splitlines()) == 1, err
+    assert all(w in err for w in words), err
+
+
+def test_a_repeated_run_is_refused_however_it_comes(tmp_path):
+    """A run given twice would be another seed of its group, or take another's place in it: each
+    way of repeating one is refused in one line, in either order."""
+    aed = write_seeds(tmp_path / 'res', 'aed', [{'arch': 'aed'}] * 3, [3.40, 3.50, 3.42])
+    gpt = write_seeds(tmp_path / 'res', 'gpt', [{'arch': 'gpt'}] * 3, [3.45, 3.44, 3.50])
+    rerun = write_seeds(tmp_path / 'res', 'aed_rerun', [{'arch': 'aed'}], [3.0])
+    ok = run_report(*aed, *gpt, *rerun, '--compare=aed,gpt')
+    assert ok.returncode == 0 and 'paired by seed (1, 2, 3)' in ok.stdout, ok.stderr
+    # a glob and one of its runs again (the pair would shrink to one seed)
+    one_line_error(run_report(*aed, *gpt, gpt[0], '--compare=aed,gpt'), 'given twice')
+    # the same directory spelled otherwise: a trailing slash, './', a link
+    os.symlink(aed[0], tmp_path / 'link')
+    for again in (aed[0] + '/', os.path.join(aed[0], '..', 'aed'), tmp_path / 'link'):
+        one_line_error(run_report(*aed, again), 'given twice')
+    # a run's working copy beside its committed copy: another directory, the same name
+    work = write_seeds(tmp_path / 'out', 'aed', [{'arch': 'aed'}] * 2, [3.9, 3.8])
+    for dirs in ([*aed, *gpt, work[0]], [work[0], *aed, *gpt], [*work, *aed]):
+        one_line_error(run_report(*dirs, '--compare=aed,gpt'), "two runs named 'aed'")
+    # overlapping globs (aed*, aed_seed*): a re-run would join the repeated seeds' group
+    one_line_error(run_report(*rerun, *aed[1:], *aed[1:]), 'given twice')
+
+
+def test_pooled_pairs(tmp_path):
+    """A,B+C,D pools the seed pairs of both into one sample: n = 6, t with 5 degrees of freedom;
+    pairs that share a run are refused."""
+    dirs = []
+    for name, finals in (('aed', [3.40, 3.50, 3.42]), ('gpt', [3.45, 3.44, 3.50]),
+                         ('aed2', [3.30, 3.35, 3.33]), ('gpt2', [3.28, 3.30, 3.40])):
+        dirs += write_seeds(tmp_path, name, [{'arch': name}] * 3, finals)
+    p = run_report(*dirs, '--compare=aed2,gpt2;aed,gpt+aed2,gpt2')
+    assert p.returncode == 0, p.stderr
+    # -0.05, +0.06, -0.08 and +0.02, +0.05, -0.07: mean -0.0117, sd 0.0624; half width
+    # 2.571 * 0.0624 / sqrt(6) = 0.0655
+    assert ('- aed - gpt and aed2 - gpt2, pooled (6 seed pairs): final val -0.012 ± 0.062 '
+            '(min -0.080, max +0.060)') in p.stdout
+    assert 'the first lower in 3 of 6 (final)' in p.stdout
+    assert '  - 95% CI of the mean (t, n=6): final val [-0.077, +0.054]' in p.stdout
+    assert '- aed2 - gpt2, paired by seed (1, 2, 3): final val +0.000 ± 0.062' in p.stdout
+    one_line_error(run_report(*dirs, '--compare=aed,gpt+aed2,gpt'),
+                   'pooled pairs share the run gpt')
+    one_line_error(run_report(*dirs, '--compare=aed,gpt+'), '--compare takes pairs of names')
+
+
 def test_t_quantiles():
     """report.t975 against Student's t distribution: the x where its density integrated (Simpson)
     reaches 0.975, found by Newton's method, to 5e-4 (the intervals print 3 decimals)."""
