@@ -3,8 +3,8 @@
 #
 # config/bytes_aed_mse_possub.py (the key AED: MSE embedding loss x 8, positional subtraction,
 # 2 + 2 blocks of width 128) against config/bytes_baseline.py (the GPT: 4 blocks of width 140,
-# non-embedding parameters within 1%), both on the first 1M bytes of data/wikipedia_bytes for 4,000
-# steps of 16 x 256 bytes (~16 epochs) under the author's schedule (warm-up, then a flat lr), one
+# non-embedding parameters within 1%), both on the first 1M bytes of data/wikipedia_bytes for 6,000
+# steps of 16 x 256 bytes (24.6 epochs) under the author's schedule (warm-up, then a flat lr), one
 # thread each, two at a time. The pilot that chose this regime is in experiments/bytes_pilot.md.
 #
 # Endpoints, declared before the study's runs: train.py's whole-val loss (all of val.bin) of the
@@ -38,7 +38,7 @@ for s in "${SEEDS[@]}"; do
         RUNS+=("$r$(sfx "$s")")
     done
 done
-PILOT_RUNS=(baseline_1m aed_mse_possub_1m baseline_dropout01 baseline_dropout02)
+PILOT_RUNS=(baseline_1m baseline_500k baseline_dropout01 baseline_dropout02)
 
 whole_best() {  # the best checkpoint's whole-val loss of a finished pilot run
     python -c 'import json, sys; print(json.load(open(sys.argv[1]))["whole_val_best"])' \
@@ -93,9 +93,9 @@ python prepare.py --tokenizer=bytes  # data/wikipedia_bytes (a second)
 python experiments/floors.py config/bytes_baseline.py --json="${STUDY}_floors.json"
 mkdir -p "$PILOT" "$STUDY"
 
-# the pilot: the regime (as config/bytes_*.py), then the dropout rate at seed 0
+# the pilot: the regime (config/bytes_*.py as they are, and half the bytes), then the dropout rate
 RES=$PILOT launch baseline_1m bytes_baseline
-RES=$PILOT launch aed_mse_possub_1m bytes_aed_mse_possub
+RES=$PILOT launch baseline_500k bytes_baseline --train_tokens=500000 --train_steps=4000
 RES=$PILOT launch baseline_dropout01 bytes_baseline --dropout_rate=0.1 --seed=0
 RES=$PILOT launch baseline_dropout02 bytes_baseline --dropout_rate=0.2 --seed=0
 # the study: seed by seed, so that what is finished is always a set of whole seeds; the dropout

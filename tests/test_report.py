@@ -770,7 +770,7 @@ echo '{{"status": "finished", "whole_val_best": '$best'}}' > "$dir/summary.json"
              for c in (tmp_path / 'calls').read_text().splitlines()]
     assert len(calls) == 24 and len(set(calls)) == 24
     first = [c.split()[0] for c in calls[:4]]
-    assert sorted(first) == ['aed_mse_possub_1m', 'baseline_1m', 'baseline_dropout01',
+    assert sorted(first) == ['baseline_1m', 'baseline_500k', 'baseline_dropout01',
                              'baseline_dropout02']
     study = {c.split()[0]: c for c in calls[4:]}
     assert study['baseline_dropout_seed4'].endswith(
