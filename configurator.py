@@ -42,6 +42,7 @@ def die(msg, status=1):
 
 stopping = None  # what a signal's line names: train.py's RunDir (step, last_saved(), saving lock)
 _pipe = None  # where Python's C-level signal handler writes the signal's number
+_starting = threading.Lock()  # what a signal takes before there is a RunDir
 
 
 def catch_signals():
@@ -56,8 +57,9 @@ def catch_signals():
     if first:
         _pipe = os.pipe()
         os.set_blocking(_pipe[1], False)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: None)  # so the C-level handler writes the pipe
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the main thread stops too, at its next bytecode:
+        # before it could die writing to a pipe that the same Ctrl-C closed (`| tee log`)
+        signal.signal(sig, lambda signum, frame: _stop(signum, wait=False))
     signal.set_wakeup_fd(_pipe[1])
     if first:
         threading.Thread(target=_stop_on_signal, daemon=True).start()
@@ -66,13 +68,38 @@ def catch_signals():
 def _stop_on_signal():
     while (signum := os.read(_pipe[0], 1)[0]) not in (signal.SIGINT, signal.SIGTERM):
         pass
+    _stop(signum)
+
+
+def _stop(signum, wait=True):
+    # a save under way finishes first: the thread waits for it (the main thread, saving, goes on)
     run = stopping
-    with run.saving if run else threading.Lock():  # a save under way finishes first
-        if int(os.environ.get("RANK", 0)) == 0:  # torchrun passes the signal on to every rank
-            where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
-            print(f"error: interrupted by {signal.Signals(signum).name} {where}", file=sys.stderr,
-                  flush=True)
+    if (run.saving if run else _starting).acquire(wait):
+        where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
+        stop(signum, f"error: interrupted by {signal.Signals(signum).name} {where}")
+
+
+def stop(signum, line):
+    """line on stderr, then exit 128 + signum at once, whatever the write does: under
+    `... | tee log` Ctrl-C stops tee too, and writing to its pipe fails. Only rank 0 writes:
+    torchrun passes the signal on to every rank."""
+    try:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(line, file=sys.stderr, flush=True)
+    finally:
         os._exit(128 + signum)
+
+
+def interrupt_on_signals():
+    """For scripts of short ops (prepare.py, sample.py): Ctrl-C and SIGTERM raise
+    KeyboardInterrupt(signum), Ctrl-C also where SIGINT started out ignored (a script's background
+    job); later signals are ignored, so the cleanup under way finishes."""
+    def interrupt(signum, frame):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt(signum)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
 
 
 def first_line(e):

@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import platform
+import shlex
 import subprocess
 import threading
 import time
@@ -234,4 +235,15 @@ class RunDir:
             advice = advice * " (the same command starts the run over)"
             return "no checkpoint was saved yet" + advice
         return (f"the last checkpoint, {self.path('ckpt_last.pt')}, is from step {self.saved_step}"
-                + (f": continue with --init_from=resume --out_dir={self.dir}" if advice else ""))
+                + (f": continue with {resume_command(self.dir)}" if advice else ""))
+
+
+def resume_command(out_dir, flags=()):
+    """The whole command that continues the run in out_dir: its config is in the checkpoint."""
+    launch = 'python'
+    if 'RANK' in os.environ:  # torchrun's options for one node, else the run's own
+        n = os.environ.get('LOCAL_WORLD_SIZE')
+        launch = (f'torchrun --standalone --nproc_per_node={n}' if n == os.environ['WORLD_SIZE']
+                  else 'torchrun <its options>')
+    args = ['train.py', '--init_from=resume', f'--out_dir={out_dir}', *flags]
+    return f"{launch} {shlex.join(args)}"

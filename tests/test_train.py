@@ -958,7 +958,7 @@ def test_full_disk_during_save(tmp_path, monkeypatch):
     assert_one_line_error(p)
     assert re.fullmatch(rf"error: no space left on {mount} while saving {re.escape(last)}; "
                         rf"stopped at step 4: the last checkpoint, {re.escape(last)}, "
-                        rf"is from step 2: continue with --init_from=resume "
+                        rf"is from step 2: continue with python train.py --init_from=resume "
                         rf"--out_dir={re.escape(out)}\n", p.stderr), p.stderr
     assert sorted(os.listdir(out)) == ['.lock', 'ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl',
                                        'summary.json']
@@ -1113,7 +1113,8 @@ def test_one_run_per_out_dir_and_signals(tmp_path):
     assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
     assert re.fullmatch(rf"error: interrupted by SIGINT at step \d+; the last checkpoint, "
                         rf"{re.escape(out)}/ckpt_last.pt, is from step {saved}: "
-                        rf"continue with --init_from=resume --out_dir={re.escape(out)}\n", err)
+                        rf"continue with python train.py --init_from=resume "
+                        rf"--out_dir={re.escape(out)}\n", err)
     proc = start('--init_from=resume', steps=1)  # the lock went with the process
     # more than one SIGTERM (a kill reaches a script and its job): still one line
     while proc.poll() is None:
@@ -1124,6 +1125,38 @@ def test_one_run_per_out_dir_and_signals(tmp_path):
     assert len(err.strip().splitlines()) == 1 and not [f for f in os.listdir(out)
                                                        if f.endswith('.tmp')]
 
+
+
+def test_signals_stop_a_run_whose_output_pipe_is_closed(tmp_path):
+    """`python train.py ... 2>&1 | tee log`, then Ctrl-C: tee stops too, so the signal's line cannot
+    be written; the run still stops at once with 130 (SIGTERM: 143), its last checkpoint intact."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    # no line after the start (saves print nothing), so only the stop writes to the closed pipe
+    args = TINY + [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+                   '--train_steps=100000', '--est_interval=100000', '--save_interval=3',
+                   '--log_interval=100000']
+    for sig, extra in ((signal.SIGINT, []), (signal.SIGTERM, ['--init_from=resume'])):
+        first = len(read_log(out)) if extra else 0
+        proc = subprocess.Popen([PY, 'train.py', *args, *extra], cwd=ROOT, env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 90
+            while time.time() < deadline and not (
+                    os.path.exists(os.path.join(out, 'log.jsonl'))
+                    and sum(r['type'] == 'step' for r in read_log(out)[first:]) >= 4):
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGSTOP)  # the signal reaches the run after tee has gone
+            proc.stdout.close()
+            proc.send_signal(sig)
+            proc.send_signal(signal.SIGCONT)
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 128 + sig
+        assert load_ckpt(out)['step'] % 3 == 0 and not [f for f in os.listdir(out)
+                                                         if f.endswith('.tmp')]
 
 
 def test_summary_is_written_under_the_lock_a_signal_waits_for(tmp_path, monkeypatch):
@@ -1215,7 +1248,8 @@ def test_ctrl_c_under_torchrun(tmp_path):
     assert len(ours) == 1 and re.fullmatch(
         rf"error: interrupted by SIGINT at step \d+; the last checkpoint, "
         rf"{re.escape(out)}/ckpt_last.pt, is from step {load_ckpt(out)['step']}: "
-        rf"continue with --init_from=resume --out_dir={re.escape(out)}", ours[0]), err
+        rf"continue with torchrun --standalone --nproc_per_node=2 train.py --init_from=resume "
+        rf"--out_dir={re.escape(out)}", ours[0]), err
 
 
 def test_ddp_timeout(tmp_path):
