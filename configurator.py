@@ -145,18 +145,36 @@ def parse_value(raw, default):
     return raw if isinstance(default, str) and not isinstance(value, str) else value
 
 
+def check_config_files(argv=None):
+    """A config file of argv (default: the command line's) that is not a file: one line, before
+    train.py's seconds of `import torch` (its keys need model.py, and so torch, to check)."""
+    for arg in sys.argv[1:] if argv is None else argv:
+        if not arg.startswith("-") and not os.path.isfile(arg):
+            die(not_a_config_file(arg))
+
+
+def not_a_config_file(path):
+    """The ConfigError for a path that is not a file: a folder's configs, or the nearest .py file in
+    its folder or in config/, as for keys."""
+    if os.path.isdir(path):
+        configs = sorted(f for f in os.listdir(path) if f.endswith(".py"))
+        return ConfigError(f"{path} is a folder, not a config file; its configs: "
+                           f"{', '.join(configs) or 'none'}")
+    name = os.path.basename(path) + ("" if path.endswith(".py") else ".py")
+    files = {}
+    for folder in (os.path.dirname(path), os.path.relpath(CONFIG_DIR)):
+        for f in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
+            if f.endswith(".py"):
+                files.setdefault(f, os.path.join(folder, f))
+    near = difflib.get_close_matches(name, list(files), n=1)
+    hint = f" (did you mean {files[near[0]]}?)" if near else ""
+    return ConfigError(f"config file not found: {path}{hint}")
+
+
 def read_config_file(path, defaults, depth=0):
     """Run a config file in a fresh namespace: the {key: value} it set, type-checked."""
-    if not os.path.isfile(path):  # the nearest .py file in its folder or in config/, as for keys
-        name = os.path.basename(path) + ("" if path.endswith(".py") else ".py")
-        files = {}
-        for folder in (os.path.dirname(path), os.path.relpath(CONFIG_DIR)):
-            for f in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
-                if f.endswith(".py"):
-                    files.setdefault(f, os.path.join(folder, f))
-        near = difflib.get_close_matches(name, list(files), n=1)
-        hint = f" (did you mean {files[near[0]]}?)" if near else ""
-        raise ConfigError(f"config file not found: {path}{hint}")
+    if not os.path.isfile(path):
+        raise not_a_config_file(path)
     with open(path, encoding="utf-8") as f:
         source = f.read()
 
@@ -271,11 +289,11 @@ def resolve_device(device, dtype):
     """(device, device_type, dtype) on this machine. 'auto': cuda if torch sees a GPU, else cpu;
     bfloat16 on a GPU that supports it, else float16; float32 off the GPU. ConfigError for a name or
     a device this machine lacks."""
-    import torch  # here, not at the top: prepare.py and report.py never need it
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    import torch  # here, after the checks: prepare.py and report.py never need it
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]

@@ -8,8 +8,9 @@ $ torchrun --standalone --nproc_per_node=8 train.py config/aed_mse_possub.py
 Any key below can be set by a config file (plain Python) and/or --key=value. What a run prints and
 writes: docs/training.md; what survives a kill, a full disk or bad input: docs/robustness.md.
 """
-from configurator import catch_signals
+from configurator import catch_signals, check_config_files
 catch_signals()  # first: from here on Ctrl-C or SIGTERM ends the run with one line
+check_config_files()  # a missing config file is told before the seconds of `import torch`
 
 import dataclasses
 import functools

@@ -313,7 +313,9 @@ def test_a_signal_stops_it_cleanly_into_a_closed_pipe(tmp_path, enc, sig):
     ignored (a script's background job), with its output in a pipe whose reader has gone (`| tee`,
     stopped by the same Ctrl-C): exit 128 + signal, no bins, no temporary files."""
     path = write(tmp_path / "big.txt", "\n".join(make_docs(2000, seed=3)) * 100)  # 25 MB: seconds
-    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sig == signal.SIGINT else None
+    def ignore():  # SIGINT as a script's background job gets it
+        if sig == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
     proc = subprocess.Popen([sys.executable, "prepare.py", f"--input={path}",
                              f"--data_dir={tmp_path / 'out'}"], cwd=HERE, preexec_fn=ignore,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

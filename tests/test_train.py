@@ -438,6 +438,28 @@ def test_script_errors_are_one_line(tmp_path):
     assert_one_line_error(p, '--compile=True', 'needs --kv_cache=True')
 
 
+def test_refusals_come_before_import_torch(tmp_path):
+    """A mistyped key, value or path of sample.py, and a config file of train.py that is missing or
+    a folder, are told at once, not after the seconds of `import torch`: with a torch that cannot
+    be imported, the refusals are the same."""
+    (tmp_path / 'torch').mkdir()
+    (tmp_path / 'torch' / '__init__.py').write_text('raise ImportError("torch was imported")\n')
+    env = dict(ENV, PYTHONPATH=str(tmp_path))  # before site-packages: this torch is found first
+    (tmp_path / 'run').mkdir()
+    (tmp_path / 'run' / 'ckpt_best.pt').write_bytes(b'')  # read only after the device's check
+    for script, args, words in [
+            ('sample.py', ['--tempreature=1'], "did you mean 'temperature'"),
+            ('sample.py', ['--checkpoint=mid'], "checkpoint must be 'best' or 'last'"),
+            ('sample.py', [f'--out_dir={tmp_path}/none'], 'no checkpoint at'),
+            ('sample.py', [f'--out_dir={tmp_path}/run', '--device=tpu'], 'device must be auto'),
+            ('train.py', ['config/cpu_aed_mse_posub.py'], 'did you mean config/cpu_aed_mse_possub'),
+            ('train.py', ['config'], 'config is a folder, not a config file; its configs: '
+                                     'aed_cosine.py, aed_gpt2.py, ')]:
+        p = subprocess.run([PY, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert_one_line_error(p, words)
+
+
 def test_sample_names_the_runs_that_have_a_checkpoint(tmp_path, monkeypatch):
     """sample.py without a checkpoint at out_dir (the default out/, or a mistyped name) names the
     runs beside it that have one, the nearest name first; with none, how to make one and sample."""
