@@ -1274,6 +1274,36 @@ def test_ctrl_c_under_torchrun(tmp_path):
         rf"--out_dir={re.escape(out)}", ours[0]), err
 
 
+def test_ctrl_c_under_torchrun_into_a_closed_pipe(tmp_path):
+    """`torchrun ... 2>&1 | tee log`, then Ctrl-C: the workers cannot write their line, and still
+    stop at once (not after torchrun's 30 s wait and its SIGKILL)."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'ddp')
+    # nothing printed after step 10 (saves print nothing): only the stop writes to the closed pipe
+    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
+                                 '--nproc_per_node=2', 'train.py', *TINY, f'--data_dir={data}',
+                                 '--dataset=tiny', '--train_steps=100000', '--est_interval=100000',
+                                 '--save_interval=3', '--log_interval=100000', f'--out_dir={out}'],
+                                cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
+                                              and sum(r['type'] == 'step'
+                                                      for r in read_log(out)) >= 12):
+            assert torchrun.poll() is None, 'torchrun ended early: ' + torchrun.stdout.read()
+            time.sleep(0.1)
+        workers = children(torchrun.pid)
+        torchrun.stdout.close()  # tee has gone
+        t0 = time.time()
+        torchrun.send_signal(signal.SIGINT)
+        torchrun.wait(timeout=60)
+        assert time.time() - t0 < 15 and not any(alive(pid) for pid in workers)
+    finally:
+        if torchrun.poll() is None:
+            torchrun.kill()
+    assert load_ckpt(out)['step'] % 3 == 0
+
+
 def test_ddp_timeout(tmp_path):
     """A rank that never shows up (or hangs) stops the others after ddp_timeout, not torch's 30
     minutes."""
