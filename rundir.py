@@ -4,6 +4,7 @@ run never replaces one by accident), log.jsonl, summary.json, the saves and the 
 file but the append-only log is written to NAME.tmp and renamed: a kill leaves the old or the new.
 """
 import atexit
+import contextlib
 import fcntl
 import json
 import os
@@ -138,6 +139,13 @@ class RunDir:
             self.log({'type': 'resume' if resume else 'start', 'step': self.step, **facts})
             if resume and self.best_step == self.step:
                 self._write(self.step, link, self.path('ckpt_last.pt'), self.path('ckpt_best.pt'))
+            if resume and self.step >= train_steps:  # finished: its scores on all of val.bin stand
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    with open(self.path('summary.json')) as f:
+                        old = json.load(f)
+                    if old['step'] == self.step:
+                        self.whole = {k: old[k] for k in ('whole_val_last', 'whole_val_best',
+                                                          'whole_val_tokens')}
             if resume:
                 self.summary(self.step)
 

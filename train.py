@@ -305,6 +305,10 @@ def whole_val_loss(m):
     m.train()
     return total / n, n * context_size
 
+def whole_val_seconds(models):
+    # from the last estimate's time: it scored 2 x est_steps batches of windows of the same size
+    return est_s * models * ((len(val_data) - 1) // context_size) / (2 * est_steps * batch_size)
+
 def get_lr(step):
     # the author's schedule (docs/model.md), step 0-based: linear warm-up, then cosine decay to
     # min_lr at lr_decay_iters; both count step + 1 (nanoGPT's warm-up is up to 0.33% lower)
@@ -428,16 +432,23 @@ while True:
         per_step = statistics.median(step_times[1:])
         n_est = (train_steps // est_interval - (step - 1) // est_interval
                  + (train_steps % est_interval != 0))
-        rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est
-        ests = f" and {n_est} estimate(s) of ~{duration(est_s)}" if est_s else ""
+        whole = whole_val_seconds(2) if est_s else 0.0  # at the end, the last and the best model
+        rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est + whole
+        ests = (f", {n_est} estimate(s) of ~{duration(est_s)} and all of val.bin for 2 models "
+                f"(~{duration(whole)})") if est_s else ""
         print(f"expected: {per_step * 1000:,.0f} ms/step (median of steps 2-10), ~{duration(rest)} "
               f"for the {train_steps - step:,} steps left{ests}: the whole run "
               f"~{duration(run.elapsed() + rest)}")
 
-if master and step >= train_steps:  # the last and the best model on all of val.bin (eager)
+# the last and the best model on all of val.bin (eager); a finished run that resumes has its scores
+if master and step >= train_steps and not run.whole:
+    two = run.best_step is not None and run.best_step != step
+    print(f"scoring {'the last and the best model' if two else 'the model'} on all of val.bin "
+          f"({(len(val_data) - 1) // context_size * context_size:,} tokens)"
+          f"{f': ~{duration(whole_val_seconds(1 + two))}' if est_s else ''}")
     last, n_tokens = whole_val_loss(raw_model)
     best = last
-    if run.best_step is not None and run.best_step != step:
+    if two:
         try:
             best_model = build_model(model_config)
             best_model.load_state_dict(load(run.path('ckpt_best.pt'))[0]['model'])

@@ -597,8 +597,14 @@ def test_run_header_and_expected_time(tmp_path):
     expected = [line for line in lines if line.startswith('expected: ')]
     assert len(expected) == 1, p.stdout
     assert re.fullmatch(r'expected: \d+ ms/step \(median of steps 2-10\), ~[\d.]+ (s|min|h) '
-                        r'for the 4 steps left and 1 estimate\(s\) of ~[\d.]+ s: '
-                        r'the whole run ~[\d.]+ (s|min|h)', expected[0]), expected
+                        r'for the 4 steps left, 1 estimate\(s\) of ~[\d.]+ s and all of val.bin '
+                        r'for 2 models \(~[\d.]+ s\): the whole run ~[\d.]+ (s|min|h)',
+                        expected[0]), expected
+    # the scoring of all of val.bin at the end says what it does and how long it takes, first
+    scoring = next(i for i, line in enumerate(lines) if line.startswith('scoring '))
+    assert re.fullmatch(r'scoring the (last and the best model|model) on all of val.bin '
+                        r'\(1,488 tokens\): ~[\d.]+ s', lines[scoring]), lines[scoring]
+    assert lines[scoring + 1].startswith('all of val.bin (1,488 tokens): ce '), lines
 
 
 def test_a_gpu_config_on_a_cpu_is_told_before_compiling(tmp_path):
@@ -1448,3 +1454,10 @@ def test_run_records_where_it_ran_and_its_whole_val_loss(tmp_path):
     assert s['whole_val_tokens'] == n * 16 and s['whole_val_best'] != s['whole_val_last']
     assert ([r for r in read_log(out) if r['type'] == 'whole_val'][-1]['whole_val_best']
             == s['whole_val_best'])
+    # resuming the finished run does not score it again: its scores stand
+    n_whole = sum(r['type'] == 'whole_val' for r in read_log(out))
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume')
+    assert p.returncode == 0 and 'all of val.bin' not in p.stdout, p.stdout + p.stderr
+    assert sum(r['type'] == 'whole_val' for r in read_log(out)) == n_whole
+    assert json.load(open(os.path.join(out, 'summary.json'))) == dict(
+        s, wall_time_s=json.load(open(os.path.join(out, 'summary.json')))['wall_time_s'])
