@@ -30,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import MODEL_KEYS, CheckpointError, load, resume_config
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from model import ModelConfig, build_model
-from rundir import RunDir, duration, provenance
+from rundir import RunDir, duration, provenance, resume_command
 
 print = functools.partial(print, flush=True)  # every line shows at once, in a log file too
 
@@ -236,8 +236,16 @@ if master:  # the header first: a slow start (compiling, a config too big) is ne
     if ckpt is not None:
         print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
               f"(best val loss {run.best_val_loss:.4f})")
-        for k, old, new in changes:
+        for k, old, new, _ in changes:
             print(f"resume changes {k}: {old!r} -> {new!r}")
+        grown = [f"{k} {old!r} -> {new!r}" for k, old, new, by_file in changes if by_file and k in
+                 ('train_steps', 'lr', 'min_lr', 'decay_lr', 'warmup_iters', 'lr_decay_iters')]
+        if grown:  # the config file again, but not the first command's --train_steps=200
+            files = [a for a in sys.argv[1:] if not a.startswith('-')]
+            flags = [a for a in sys.argv[1:] if a.startswith('--')
+                     and a[2:].split('=')[0].replace('-', '_') not in ('init_from', 'out_dir')]
+            print(f"warning: {' '.join(files)} changes this run's {', '.join(grown)}; to continue "
+                  f"it as it was: {resume_command(out_dir, flags)}", file=sys.stderr)
         if start_step >= train_steps:
             at_min = decay_lr and lr_decay_iters <= start_step
             min_lr_note = '; the lr stays at min_lr' if at_min else ''

@@ -1090,6 +1090,17 @@ def test_resume_repairs_best_and_summary(tmp_path):
     assert p.returncode == 0, p.stderr
     assert re.findall('^resume changes .*$', p.stdout, re.M) == [
         'resume changes batch_size: 4 -> 8', 'resume changes train_steps: 10 -> 11'], p.stdout
+    assert 'warning' not in p.stderr  # what the command line says is meant
+    # a config file that changes the run's length or lr schedule is warned before the first step,
+    # with the whole command that keeps the run as it was
+    (tmp_path / 'long.py').write_text('train_steps = 13\nlr = 1e-3\nbatch_size = 8\n')
+    p = tiny_run(tmp_path, '--init_from=resume', str(tmp_path / 'long.py'))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == (f"warning: {tmp_path}/long.py changes this run's lr 0.003 -> 0.001, "
+                        f"train_steps 11 -> 13; to continue it as it was: python train.py "
+                        f"--init_from=resume --out_dir={tmp_path}/out {' '.join(TINY)} "
+                        f"--data_dir={tmp_path} --dataset=tiny --est_interval=5\n"), p.stderr
+    assert p.stdout.index('resume changes') < p.stdout.index('step 12/13')
 
 
 def test_resume_drops_a_torn_log_line(tmp_path):
