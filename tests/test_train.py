@@ -12,6 +12,7 @@ import math
 import os
 import re
 import runpy
+import shlex
 import shutil
 import signal
 import struct
@@ -208,6 +209,10 @@ def test_readme_fits_and_cites_what_it_reproduces():
     results = open(os.path.join(ROOT, 'experiments', 'results.md'), encoding='utf-8').read()
     val = re.search(r'^\| aed_mse_possub \| [\d.]+ \| ([\d.]+) \|', results, re.M)[1]
     assert f'to val {val} and' in readme and '6.555' not in readme  # an earlier train.py's
+    # the quick start's commands paste into bash: no placeholder, no quote left open
+    for line in re.search(r'## Quick start.*?```sh\n(.*?)```', readme, re.S)[1].splitlines():
+        assert '<' not in line and shlex.split(line, comments=True), line
+    assert 'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' in readme
 
 
 def test_hand_written_lines_fit_in_100_columns():
