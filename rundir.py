@@ -248,10 +248,9 @@ class RunDir:
 
 def resume_command(out_dir, flags=()):
     """The whole command that continues the run in out_dir: its config is in the checkpoint."""
-    launch = 'python'
+    launch, n = 'python', os.environ.get('LOCAL_WORLD_SIZE')
     if 'RANK' in os.environ:  # torchrun's options for one node, else the run's own
-        n = os.environ.get('LOCAL_WORLD_SIZE')
-        launch = (f'torchrun --standalone --nproc_per_node={n}' if n == os.environ['WORLD_SIZE']
-                  else 'torchrun <its options>')
+        one_node = n is not None and n == os.environ.get('WORLD_SIZE')
+        launch = f'torchrun --standalone --nproc_per_node={n}' if one_node else 'torchrun ...'
     args = ['train.py', '--init_from=resume', f'--out_dir={out_dir}', *flags]
     return f"{launch} {shlex.join(args)}"

@@ -821,7 +821,10 @@ def test_bad_values_and_data_are_one_line(tmp_path):
                        ('--out_dir=', 'out_dir must not be empty'),
                        ('--ddp_timeout=0', 'ddp_timeout must be > 0')]:
         assert_one_line_error(run_here('train.py', *nodata, arg), words)
-    assert_one_line_error(run_here('sample.py', '--device=banana'), "got 'banana'")
+    os.makedirs(tmp_path / 'run')
+    (tmp_path / 'run' / 'ckpt_best.pt').write_bytes(b'')  # read after the device is checked
+    assert_one_line_error(run_here('sample.py', f'--out_dir={tmp_path}/run', '--device=banana'),
+                          "got 'banana'")
 
     def bad_data(name, train):
         d = make_data(tmp_path / name)
