@@ -165,8 +165,8 @@ def load(path, keys=('model', 'config')):
 
 
 def resume_config(out_dir, defaults, argv):
-    """(config, ckpt, [(key, old, new)]): the config saved in out_dir/ckpt_last.pt, with what argv
-    sets on top (e.g. --train_steps=20000), except the model's shape."""
+    """(config, ckpt, [(key, old, new, by_file)]): the config saved in out_dir/ckpt_last.pt, with
+    what argv sets on top (e.g. --train_steps=20000), except the model's shape."""
     path = os.path.join(out_dir, 'ckpt_last.pt')
     if not os.path.isfile(path):
         raise ConfigError(f"--init_from=resume: no checkpoint at {path} (" + (
@@ -187,5 +187,7 @@ def resume_config(out_dir, defaults, argv):
         if config[k] != saved[k] and not same:
             raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
                               f"this run asks for {config[k]!r}")
-    changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']
+    flags = load_config(defaults, [a for a in argv if a.startswith('-')], base=saved)
+    changes = [(k, saved[k], v, flags[k] != v)  # True: a config file made it, not a --key=value
+               for k, v in config.items() if v != saved[k] and k != 'init_from']
     return config, ckpt, changes

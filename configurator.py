@@ -42,6 +42,7 @@ def die(msg, status=1):
 
 stopping = None  # what a signal's line names: train.py's RunDir (step, last_saved(), saving lock)
 _pipe = None  # where Python's C-level signal handler writes the signal's number
+_starting = threading.Lock()  # what a signal takes before there is a RunDir
 
 
 def catch_signals():
@@ -56,8 +57,9 @@ def catch_signals():
     if first:
         _pipe = os.pipe()
         os.set_blocking(_pipe[1], False)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: None)  # so the C-level handler writes the pipe
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the main thread stops too, at its next bytecode:
+        # before it could die writing to a pipe that the same Ctrl-C closed (`| tee log`)
+        signal.signal(sig, lambda signum, frame: _stop(signum, wait=False))
     signal.set_wakeup_fd(_pipe[1])
     if first:
         threading.Thread(target=_stop_on_signal, daemon=True).start()
@@ -66,13 +68,38 @@ def catch_signals():
 def _stop_on_signal():
     while (signum := os.read(_pipe[0], 1)[0]) not in (signal.SIGINT, signal.SIGTERM):
         pass
+    _stop(signum)
+
+
+def _stop(signum, wait=True):
+    # a save under way finishes first: the thread waits for it (the main thread, saving, goes on)
     run = stopping
-    with run.saving if run else threading.Lock():  # a save under way finishes first
-        if int(os.environ.get("RANK", 0)) == 0:  # torchrun passes the signal on to every rank
-            where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
-            print(f"error: interrupted by {signal.Signals(signum).name} {where}", file=sys.stderr,
-                  flush=True)
+    if (run.saving if run else _starting).acquire(wait):
+        where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
+        stop(signum, f"error: interrupted by {signal.Signals(signum).name} {where}")
+
+
+def stop(signum, line):
+    """line on stderr, then exit 128 + signum at once, whatever the write does: under
+    `... | tee log` Ctrl-C stops tee too, and writing to its pipe fails. Only rank 0 writes:
+    torchrun passes the signal on to every rank."""
+    try:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(line, file=sys.stderr, flush=True)
+    finally:
         os._exit(128 + signum)
+
+
+def interrupt_on_signals():
+    """For scripts of short ops (prepare.py, sample.py): Ctrl-C and SIGTERM raise
+    KeyboardInterrupt(signum), Ctrl-C also where SIGINT started out ignored (a script's background
+    job); later signals are ignored, so the cleanup under way finishes."""
+    def interrupt(signum, frame):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt(signum)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
 
 
 def first_line(e):
@@ -118,18 +145,36 @@ def parse_value(raw, default):
     return raw if isinstance(default, str) and not isinstance(value, str) else value
 
 
+def check_config_files(argv=None):
+    """A config file of argv (default: the command line's) that is not a file: one line, before
+    train.py's seconds of `import torch` (its keys need model.py, and so torch, to check)."""
+    for arg in sys.argv[1:] if argv is None else argv:
+        if not arg.startswith("-") and not os.path.isfile(arg):
+            die(not_a_config_file(arg))
+
+
+def not_a_config_file(path):
+    """The ConfigError for a path that is not a file: a folder's configs, or the nearest .py file in
+    its folder or in config/, as for keys."""
+    if os.path.isdir(path):
+        configs = sorted(f for f in os.listdir(path) if f.endswith(".py"))
+        return ConfigError(f"{path} is a folder, not a config file; its configs: "
+                           f"{', '.join(configs) or 'none'}")
+    name = os.path.basename(path) + ("" if path.endswith(".py") else ".py")
+    files = {}
+    for folder in (os.path.dirname(path), os.path.relpath(CONFIG_DIR)):
+        for f in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
+            if f.endswith(".py"):
+                files.setdefault(f, os.path.join(folder, f))
+    near = difflib.get_close_matches(name, list(files), n=1)
+    hint = f" (did you mean {files[near[0]]}?)" if near else ""
+    return ConfigError(f"config file not found: {path}{hint}")
+
+
 def read_config_file(path, defaults, depth=0):
     """Run a config file in a fresh namespace: the {key: value} it set, type-checked."""
-    if not os.path.isfile(path):  # the nearest .py file in its folder or in config/, as for keys
-        name = os.path.basename(path) + ("" if path.endswith(".py") else ".py")
-        files = {}
-        for folder in (os.path.dirname(path), os.path.relpath(CONFIG_DIR)):
-            for f in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
-                if f.endswith(".py"):
-                    files.setdefault(f, os.path.join(folder, f))
-        near = difflib.get_close_matches(name, list(files), n=1)
-        hint = f" (did you mean {files[near[0]]}?)" if near else ""
-        raise ConfigError(f"config file not found: {path}{hint}")
+    if not os.path.isfile(path):
+        raise not_a_config_file(path)
     with open(path, encoding="utf-8") as f:
         source = f.read()
 
@@ -244,11 +289,11 @@ def resolve_device(device, dtype):
     """(device, device_type, dtype) on this machine. 'auto': cuda if torch sees a GPU, else cpu;
     bfloat16 on a GPU that supports it, else float16; float32 off the GPU. ConfigError for a name or
     a device this machine lacks."""
-    import torch  # here, not at the top: prepare.py and report.py never need it
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    import torch  # here, after the checks: prepare.py and report.py never need it
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]

@@ -22,13 +22,14 @@ import json
 import lzma
 import os
 import re
+import signal
 import sys
 import shutil
 import time
 import urllib.request
 import zlib
 
-from configurator import ConfigError, die, load_config
+from configurator import ConfigError, die, interrupt_on_signals, load_config, stop
 from tokenizer import CACHE_DIR, EOT, FetchError, get_tokenizer, wheel_files
 
 BLOCK = 1 << 20  # bytes read at a time
@@ -203,6 +204,10 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
                 why = getattr(e, 'reason', None) or e
                 raise PrepareError(f"cannot fetch {url}: {why}") from None
         path = input or wikipedia_text()
+        blocks = read_text(path)  # a directory, an empty or a binary file: the error alone
+        if not next(blocks, "").strip() and next(blocks, None) is None:
+            raise PrepareError(f"{path} is empty (no text)")
+        blocks.close()
         log(f"reading {path} twice: counting characters, then encoding them on {os.cpu_count()} "
             f"threads")
         n_chars, last_eot_end, nonblank = scan(path)
@@ -271,10 +276,10 @@ def main(argv=sys.argv[1:]):
         die(e)
     except OSError as e:  # input errors are PrepareErrors already: this is the output (disk full)
         die(f"cannot write {e.filename or o['data_dir']}: {e.strerror or e}")
-    except KeyboardInterrupt:
-        print("interrupted: no bins written", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: prepare() removed its files
+        stop(e.args[0] if e.args else signal.SIGINT, "interrupted: no bins written")
 
 
 if __name__ == "__main__":
+    interrupt_on_signals()
     main()

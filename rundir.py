@@ -4,10 +4,12 @@ run never replaces one by accident), log.jsonl, summary.json, the saves and the 
 file but the append-only log is written to NAME.tmp and renamed: a kill leaves the old or the new.
 """
 import atexit
+import contextlib
 import fcntl
 import json
 import os
 import platform
+import shlex
 import subprocess
 import threading
 import time
@@ -137,6 +139,13 @@ class RunDir:
             self.log({'type': 'resume' if resume else 'start', 'step': self.step, **facts})
             if resume and self.best_step == self.step:
                 self._write(self.step, link, self.path('ckpt_last.pt'), self.path('ckpt_best.pt'))
+            if resume and self.step >= train_steps:  # finished: its scores on all of val.bin stand
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    with open(self.path('summary.json')) as f:
+                        old = json.load(f)
+                    if old['step'] == self.step:
+                        self.whole = {k: old[k] for k in ('whole_val_last', 'whole_val_best',
+                                                          'whole_val_tokens')}
             if resume:
                 self.summary(self.step)
 
@@ -234,4 +243,14 @@ class RunDir:
             advice = advice * " (the same command starts the run over)"
             return "no checkpoint was saved yet" + advice
         return (f"the last checkpoint, {self.path('ckpt_last.pt')}, is from step {self.saved_step}"
-                + (f": continue with --init_from=resume --out_dir={self.dir}" if advice else ""))
+                + (f": continue with {resume_command(self.dir)}" if advice else ""))
+
+
+def resume_command(out_dir, flags=()):
+    """The whole command that continues the run in out_dir: its config is in the checkpoint."""
+    launch, n = 'python', os.environ.get('LOCAL_WORLD_SIZE')
+    if 'RANK' in os.environ:  # torchrun's options for one node, else the run's own
+        one_node = n is not None and n == os.environ.get('WORLD_SIZE')
+        launch = f'torchrun --standalone --nproc_per_node={n}' if one_node else 'torchrun ...'
+    args = ['train.py', '--init_from=resume', f'--out_dir={out_dir}', *flags]
+    return f"{launch} {shlex.join(args)}"

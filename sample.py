@@ -8,13 +8,10 @@ import difflib
 import os
 import signal
 import sys
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 
-import torch
-
-from checkpoint import CheckpointError, load as load_checkpoint
-from configurator import ConfigError, collect_defaults, die, load_config, resolve_device
-from model import build_model
+from configurator import (ConfigError, collect_defaults, die, interrupt_on_signals, load_config,
+                          resolve_device, stop)
 from tokenizer import EOT, get_tokenizer
 
 # -----------------------------------------------------------------------------
@@ -35,7 +32,6 @@ DEFAULTS = collect_defaults(globals())
 
 try:
     globals().update(load_config(DEFAULTS, sys.argv[1:]))
-    device, device_type, dtype = resolve_device(device, dtype)
 except ConfigError as e:
     die(e)
 if checkpoint not in ('best', 'last'):
@@ -44,13 +40,6 @@ if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature < 0:
     die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature >= 0 (0: greedy)")
 if compile and not kv_cache:
     die("--compile=True compiles the cached one-token step: it needs --kv_cache=True")
-
-autocast = nullcontext()
-if dtype != 'float32':
-    autocast = torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
-torch.manual_seed(seed)
-if device_type == 'cuda':
-    torch.set_float32_matmul_precision('high')
 
 # the model, from the checkpoint alone: its config says which architecture and shape
 ckpt_path = os.path.join(out_dir, f'ckpt_{checkpoint}.pt')
@@ -65,6 +54,21 @@ if not os.path.isfile(ckpt_path):  # the runs beside out_dir that have one, the 
             f"{', '.join('--out_dir=' + os.path.join(parent, d) for d in near)}{more}")
     die(f"no checkpoint at {ckpt_path}; train one first, e.g. python train.py "
         f"config/cpu_aed_mse_possub.py, then python sample.py --out_dir=out-cpu-aed-mse-possub")
+try:
+    device, device_type, dtype = resolve_device(device, dtype)
+except ConfigError as e:
+    die(e)
+import torch  # after the checks above: a mistake is told without the seconds of this import
+
+from checkpoint import CheckpointError, load as load_checkpoint
+from model import build_model
+
+autocast = nullcontext()
+if dtype != 'float32':
+    autocast = torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+torch.manual_seed(seed)
+if device_type == 'cuda':
+    torch.set_float32_matmul_precision('high')
 try:
     ckpt, model_config = load_checkpoint(ckpt_path)  # checksum, config vs weights, finite weights
 except CheckpointError as e:
@@ -104,7 +108,7 @@ def print_tokens(ids):  # ids: (1, n)
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
       f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' if compile else ''}",
       file=sys.stderr, flush=True)
-signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C works even if SIGINT was ignored
+interrupt_on_signals()  # Ctrl-C and SIGTERM, between two tokens
 try:
     with torch.no_grad(), autocast:
         for _ in range(num_samples):
@@ -113,6 +117,7 @@ try:
             model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
                            kv_cache=kv_cache, on_token=print_tokens)
             print(utf8.decode(b'', final=True) + '\n---------------', flush=True)
-except KeyboardInterrupt:
-    print(flush=True)  # ends the sample's line
-    die("interrupted", status=130)
+except KeyboardInterrupt as e:
+    with suppress(OSError):  # (a pipe whose reader has gone: the exit comes all the same)
+        print(flush=True)  # ends the sample's line
+    stop(e.args[0] if e.args else signal.SIGINT, "error: interrupted")

@@ -8,8 +8,9 @@ $ torchrun --standalone --nproc_per_node=8 train.py config/aed_mse_possub.py
 Any key below can be set by a config file (plain Python) and/or --key=value. What a run prints and
 writes: docs/training.md; what survives a kill, a full disk or bad input: docs/robustness.md.
 """
-from configurator import catch_signals
+from configurator import catch_signals, check_config_files
 catch_signals()  # first: from here on Ctrl-C or SIGTERM ends the run with one line
+check_config_files()  # a missing config file is told before the seconds of `import torch`
 
 import dataclasses
 import functools
@@ -30,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import MODEL_KEYS, CheckpointError, load, resume_config
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from model import ModelConfig, build_model
-from rundir import RunDir, duration, provenance
+from rundir import RunDir, duration, provenance, resume_command
 
 print = functools.partial(print, flush=True)  # every line shows at once, in a log file too
 
@@ -248,8 +249,16 @@ if master:  # the header first: a slow start (compiling, a config too big) is ne
     if ckpt is not None:
         print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
               f"(best val loss {run.best_val_loss:.4f})")
-        for k, old, new in changes:
+        for k, old, new, _ in changes:
             print(f"resume changes {k}: {old!r} -> {new!r}")
+        grown = [f"{k} {old!r} -> {new!r}" for k, old, new, by_file in changes if by_file and k in
+                 ('train_steps', 'lr', 'min_lr', 'decay_lr', 'warmup_iters', 'lr_decay_iters')]
+        if grown:  # the config file again, but not the first command's --train_steps=200
+            files = [a for a in sys.argv[1:] if not a.startswith('-')]
+            flags = [a for a in sys.argv[1:] if a.startswith('--')
+                     and a[2:].split('=')[0].replace('-', '_') not in ('init_from', 'out_dir')]
+            print(f"warning: {' '.join(files)} changes this run's {', '.join(grown)}; to continue "
+                  f"it as it was: {resume_command(out_dir, flags)}", file=sys.stderr)
         if start_step >= train_steps:
             at_min = decay_lr and lr_decay_iters <= start_step
             min_lr_note = '; the lr stays at min_lr' if at_min else ''
@@ -316,6 +325,10 @@ def whole_val_loss(m):
             total += m(X, Y)[1].float().item() * len(X)
     m.train()
     return total / n, n * context_size
+
+def whole_val_seconds(models):
+    # from the last estimate's time: it scored 2 x est_steps batches of windows of the same size
+    return est_s * models * ((len(val_data) - 1) // context_size) / (2 * est_steps * batch_size)
 
 def get_lr(step):
     # the author's schedule (docs/model.md), step 0-based: linear warm-up, then cosine decay to
@@ -440,16 +453,23 @@ while True:
         per_step = statistics.median(step_times[1:])
         n_est = (train_steps // est_interval - (step - 1) // est_interval
                  + (train_steps % est_interval != 0))
-        rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est
-        ests = f" and {n_est} estimate(s) of ~{duration(est_s)}" if est_s else ""
+        whole = whole_val_seconds(2) if est_s else 0.0  # at the end, the last and the best model
+        rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est + whole
+        ests = (f", {n_est} estimate(s) of ~{duration(est_s)} and all of val.bin for 2 models "
+                f"(~{duration(whole)})") if est_s else ""
         print(f"expected: {per_step * 1000:,.0f} ms/step (median of steps 2-10), ~{duration(rest)} "
               f"for the {train_steps - step:,} steps left{ests}: the whole run "
               f"~{duration(run.elapsed() + rest)}")
 
-if master and step >= train_steps:  # the last and the best model on all of val.bin (eager)
+# the last and the best model on all of val.bin (eager); a finished run that resumes has its scores
+if master and step >= train_steps and not run.whole:
+    two = run.best_step is not None and run.best_step != step
+    print(f"scoring {'the last and the best model' if two else 'the model'} on all of val.bin "
+          f"({(len(val_data) - 1) // context_size * context_size:,} tokens)"
+          f"{f': ~{duration(whole_val_seconds(1 + two))}' if est_s else ''}")
     last, n_tokens = whole_val_loss(raw_model)
     best = last
-    if run.best_step is not None and run.best_step != step:
+    if two:
         try:
             best_model = build_model(model_config)
             best_model.load_state_dict(load(run.path('ckpt_best.pt'))[0]['model'])

@@ -640,6 +640,10 @@ if __name__ == '__main__':
     if opts['floors']:
         floors = read_floors(opts['floors'], runs)
         md += '\n' + floors['line'] + '\n'
+    datasets = {r['name']: {**DEFAULTS, **r['config']}['dataset'] for r in runs}
+    if len(set(datasets.values())) > 1:  # each loss is on its own val.bin
+        md += ("\nThese runs are on different datasets, so their losses do not compare: "
+               + ', '.join(f"{name} on {d}" for name, d in datasets.items()) + '.\n')
     if where := where_lines(runs):
         md += ("\nWhere they ran (commit, '+': its .py files changed; torch threads; CPU, its "
                "instruction set; GPU):\n\n" + '\n'.join(where) + '\n')

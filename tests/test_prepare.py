@@ -13,9 +13,11 @@ import json
 import lzma
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -325,6 +327,32 @@ def test_killed_between_renames_never_leaves_a_mixed_pair(tmp_path, monkeypatch)
     assert sorted(os.listdir(tmp_path / "t")) == ["val.bin"]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_it_cleanly_into_a_closed_pipe(tmp_path, enc, sig):
+    """SIGTERM stops prepare.py as Ctrl-C does, and so does a Ctrl-C whose SIGINT started out
+    ignored (a script's background job), with its output in a pipe whose reader has gone (`| tee`,
+    stopped by the same Ctrl-C): exit 128 + signal, no bins, no temporary files."""
+    path = write(tmp_path / "big.txt", "\n".join(make_docs(2000, seed=3)) * 100)  # 25 MB: seconds
+    def ignore():  # SIGINT as a script's background job gets it
+        if sig == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+    proc = subprocess.Popen([sys.executable, "prepare.py", f"--input={path}",
+                             f"--data_dir={tmp_path / 'out'}"], cwd=HERE, preexec_fn=ignore,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert proc.stdout.readline().startswith(b"reading ")
+        time.sleep(0.2)  # counting or encoding
+        proc.send_signal(signal.SIGSTOP)  # the signal reaches it after the pipe's reader has gone
+        proc.stdout.close()
+        proc.send_signal(sig)
+        proc.send_signal(signal.SIGCONT)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig
+    assert not os.path.exists(tmp_path / "out" / "big")
+
+
 def test_temporary_files_of_a_killed_run_are_removed(tmp_path):
     # a run killed with kill -9 leaves its NAME.PID.tmp files behind: the next run removes them; the
     # files of a run still going (here: this process's parent) are left alone
@@ -341,11 +369,12 @@ def test_temporary_files_of_a_killed_run_are_removed(tmp_path):
 
 # --- errors: one line, exit code 1, no traceback --------------------------------------------------
 
-def error_of(argv, capsys):
+def error_of(argv, capsys, alone=False):
     with pytest.raises(SystemExit) as e:
         prepare.main(argv)
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert e.value.code == 1 and err.startswith("error: ") and err.count("\n") == 1
+    assert out == "" or not alone, out  # alone: no "reading ..." line before the error
     return err
 
 
@@ -353,11 +382,11 @@ def test_error_messages(tmp_path, capsys):
     out = f"--data_dir={tmp_path / 'out'}"
     assert "input not found" in error_of([f"--input={tmp_path / 'nope.txt'}", out], capsys)
     write(tmp_path / "empty.txt", "")
-    assert "is empty" in error_of([f"--input={tmp_path / 'empty.txt'}", out], capsys)
+    assert "is empty" in error_of([f"--input={tmp_path / 'empty.txt'}", out], capsys, True)
     write(tmp_path / "blank.txt", " \n\n \t")
-    assert "is empty" in error_of([f"--input={tmp_path / 'blank.txt'}", out], capsys)
+    assert "is empty" in error_of([f"--input={tmp_path / 'blank.txt'}", out], capsys, True)
     (tmp_path / "nul.bin").write_bytes(b"text\x00\x01\x02")
-    assert "looks binary" in error_of([f"--input={tmp_path / 'nul.bin'}", out], capsys)
+    assert "looks binary" in error_of([f"--input={tmp_path / 'nul.bin'}", out], capsys, True)
     (tmp_path / "latin1.txt").write_bytes("café ".encode("latin-1") * 10)
     assert "not UTF-8 text" in error_of([f"--input={tmp_path / 'latin1.txt'}", out], capsys)
     (tmp_path / "cut.txt").write_bytes("some text é".encode()[:-1])  # ends inside a character
@@ -365,7 +394,7 @@ def test_error_messages(tmp_path, capsys):
     (tmp_path / "cut.gz").write_bytes(gzip.compress(b"some text " * 1000)[:60])
     assert "cannot read" in error_of([f"--input={tmp_path / 'cut.gz'}", out], capsys)
     # a directory
-    assert "cannot read" in error_of([f"--input={tmp_path}", "--name=dir", out], capsys)
+    assert "Is a directory" in error_of([f"--input={tmp_path}", "--name=dir", out], capsys, True)
     write(tmp_path / "small.txt", "\n".join(make_docs(20)))
     assert "too few tokens" in error_of([f"--input={tmp_path / 'small.txt'}", out], capsys)
     assert "--name" in error_of([f"--input={tmp_path / 'small.txt'}", "--name=../x", out], capsys)

@@ -133,6 +133,22 @@ def test_table_chart_resume_and_seeds(tmp_path):
     assert not os.path.exists(str(svg) + '.tmp')
 
 
+def test_runs_on_different_datasets_are_told(tmp_path):
+    """Runs on different datasets set side by side: the report says that their losses do not
+    compare (a run's config without the key: the default dataset)."""
+    ests = [(0, 10.8, 10.8), (10, 6.0, 6.5)]
+    a = write_run(tmp_path, 'wiki', fake_records({'arch': 'gpt'}, ests, None))
+    b = write_run(tmp_path, 'wiki2', fake_records({'arch': 'aed', 'dataset': 'wikipedia'}, ests,
+                                                  None))
+    c = write_run(tmp_path, 'mine', fake_records({'arch': 'gpt', 'dataset': 'mytext'}, ests, None))
+    p = run_report(a, b)
+    assert p.returncode == 0 and 'datasets' not in p.stdout, p.stderr
+    p = run_report(a, b, c)
+    assert p.returncode == 0, p.stderr
+    assert ('These runs are on different datasets, so their losses do not compare: wiki on '
+            'wikipedia, wiki2 on wikipedia, mine on mytext.') in p.stdout
+
+
 def test_torn_last_line_is_dropped_and_a_torn_line_inside_is_an_error(tmp_path):
     # a run killed mid-write can leave half a line at the end (train.py cuts it when it resumes)
     cfg = {'arch': 'gpt', 'n_embed': 64, 'seed': 1337}

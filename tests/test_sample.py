@@ -99,6 +99,29 @@ def test_tokens_show_while_sampling_and_ctrl_c_stops_in_one_line(out_dir):
     assert header.startswith('gpt model, ') and rest == ['error: interrupted'], err
 
 
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_it_into_a_closed_pipe(out_dir, sig):
+    """`python sample.py ... | tee out` and Ctrl-C (or a SIGTERM): the reader of the pipe has gone,
+    so nothing more can be written; it still stops at once, with exit 130 (143)."""
+    proc = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={out_dir}', '--device=cpu',
+                             '--start=H', '--max_new_tokens=1000000'], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        seen = b''
+        while b'\nH' not in seen:  # the header's line, then the prompt: sampling has begun
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, seen  # (it ended)
+            seen += chunk
+        proc.send_signal(signal.SIGSTOP)  # the signal reaches it after the pipe's reader has gone
+        proc.stdout.close()
+        proc.send_signal(sig)
+        proc.send_signal(signal.SIGCONT)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig
+
+
 def test_help_examples_name_out_dirs_that_configs_write():
     doc = open(os.path.join(ROOT, 'sample.py')).read().split('"""')[1]
     examples = re.findall(r'--out_dir=(\S+)', doc)

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import runpy
+import shlex
 import shutil
 import signal
 import struct
@@ -208,6 +209,10 @@ def test_readme_fits_and_cites_what_it_reproduces():
     results = open(os.path.join(ROOT, 'experiments', 'results.md'), encoding='utf-8').read()
     val = re.search(r'^\| aed_mse_possub \| [\d.]+ \| ([\d.]+) \|', results, re.M)[1]
     assert f'to val {val} and' in readme and '6.555' not in readme  # an earlier train.py's
+    # the quick start's commands paste into bash: no placeholder, no quote left open
+    for line in re.search(r'## Quick start.*?```sh\n(.*?)```', readme, re.S)[1].splitlines():
+        assert '<' not in line and shlex.split(line, comments=True), line
+    assert 'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' in readme
 
 
 def test_hand_written_lines_fit_in_100_columns():
@@ -459,6 +464,28 @@ def test_script_errors_are_one_line(tmp_path):
     assert_one_line_error(p, '--compile=True', 'needs --kv_cache=True')
 
 
+def test_refusals_come_before_import_torch(tmp_path):
+    """A mistyped key, value or path of sample.py, and a config file of train.py that is missing or
+    a folder, are told at once, not after the seconds of `import torch`: with a torch that cannot
+    be imported, the refusals are the same."""
+    (tmp_path / 'torch').mkdir()
+    (tmp_path / 'torch' / '__init__.py').write_text('raise ImportError("torch was imported")\n')
+    env = dict(ENV, PYTHONPATH=str(tmp_path))  # before site-packages: this torch is found first
+    (tmp_path / 'run').mkdir()
+    (tmp_path / 'run' / 'ckpt_best.pt').write_bytes(b'')  # read only after the device's check
+    for script, args, words in [
+            ('sample.py', ['--tempreature=1'], "did you mean 'temperature'"),
+            ('sample.py', ['--checkpoint=mid'], "checkpoint must be 'best' or 'last'"),
+            ('sample.py', [f'--out_dir={tmp_path}/none'], 'no checkpoint at'),
+            ('sample.py', [f'--out_dir={tmp_path}/run', '--device=tpu'], 'device must be auto'),
+            ('train.py', ['config/cpu_aed_mse_posub.py'], 'did you mean config/cpu_aed_mse_possub'),
+            ('train.py', ['config'], 'config is a folder, not a config file; its configs: '
+                                     'aed_cosine.py, aed_gpt2.py, ')]:
+        p = subprocess.run([PY, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert_one_line_error(p, words)
+
+
 def test_sample_names_the_runs_that_have_a_checkpoint(tmp_path, monkeypatch):
     """sample.py without a checkpoint at out_dir (the default out/, or a mistyped name) names the
     runs beside it that have one, the nearest name first; with none, how to make one and sample."""
@@ -596,8 +623,14 @@ def test_run_header_and_expected_time(tmp_path):
     expected = [line for line in lines if line.startswith('expected: ')]
     assert len(expected) == 1, p.stdout
     assert re.fullmatch(r'expected: \d+ ms/step \(median of steps 2-10\), ~[\d.]+ (s|min|h) '
-                        r'for the 4 steps left and 1 estimate\(s\) of ~[\d.]+ s: '
-                        r'the whole run ~[\d.]+ (s|min|h)', expected[0]), expected
+                        r'for the 4 steps left, 1 estimate\(s\) of ~[\d.]+ s and all of val.bin '
+                        r'for 2 models \(~[\d.]+ s\): the whole run ~[\d.]+ (s|min|h)',
+                        expected[0]), expected
+    # the scoring of all of val.bin at the end says what it does and how long it takes, first
+    scoring = next(i for i, line in enumerate(lines) if line.startswith('scoring '))
+    assert re.fullmatch(r'scoring the (last and the best model|model) on all of val.bin '
+                        r'\(1,488 tokens\): ~[\d.]+ s', lines[scoring]), lines[scoring]
+    assert lines[scoring + 1].startswith('all of val.bin (1,488 tokens): ce '), lines
 
 
 def test_a_gpu_config_on_a_cpu_is_told_before_compiling(tmp_path):
@@ -809,7 +842,10 @@ def test_bad_values_and_data_are_one_line(tmp_path):
                        ('--out_dir=', 'out_dir must not be empty'),
                        ('--ddp_timeout=0', 'ddp_timeout must be > 0')]:
         assert_one_line_error(run_here('train.py', *nodata, arg), words)
-    assert_one_line_error(run_here('sample.py', '--device=banana'), "got 'banana'")
+    os.makedirs(tmp_path / 'run')
+    (tmp_path / 'run' / 'ckpt_best.pt').write_bytes(b'')  # read after the device is checked
+    assert_one_line_error(run_here('sample.py', f'--out_dir={tmp_path}/run', '--device=banana'),
+                          "got 'banana'")
 
     def bad_data(name, train):
         d = make_data(tmp_path / name)
@@ -987,7 +1023,7 @@ def test_full_disk_during_save(tmp_path, monkeypatch):
     assert_one_line_error(p)
     assert re.fullmatch(rf"error: no space left on {mount} while saving {re.escape(last)}; "
                         rf"stopped at step 4: the last checkpoint, {re.escape(last)}, "
-                        rf"is from step 2: continue with --init_from=resume "
+                        rf"is from step 2: continue with python train.py --init_from=resume "
                         rf"--out_dir={re.escape(out)}\n", p.stderr), p.stderr
     assert sorted(os.listdir(out)) == ['.lock', 'ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl',
                                        'summary.json']
@@ -1091,6 +1127,17 @@ def test_resume_repairs_best_and_summary(tmp_path):
     assert p.returncode == 0, p.stderr
     assert re.findall('^resume changes .*$', p.stdout, re.M) == [
         'resume changes batch_size: 4 -> 8', 'resume changes train_steps: 10 -> 11'], p.stdout
+    assert 'warning' not in p.stderr  # what the command line says is meant
+    # a config file that changes the run's length or lr schedule is warned before the first step,
+    # with the whole command that keeps the run as it was
+    (tmp_path / 'long.py').write_text('train_steps = 13\nlr = 1e-3\nbatch_size = 8\n')
+    p = tiny_run(tmp_path, '--init_from=resume', str(tmp_path / 'long.py'))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == (f"warning: {tmp_path}/long.py changes this run's lr 0.003 -> 0.001, "
+                        f"train_steps 11 -> 13; to continue it as it was: python train.py "
+                        f"--init_from=resume --out_dir={tmp_path}/out {' '.join(TINY)} "
+                        f"--data_dir={tmp_path} --dataset=tiny --est_interval=5\n"), p.stderr
+    assert p.stdout.index('resume changes') < p.stdout.index('step 12/13')
 
 
 def test_resume_drops_a_torn_log_line(tmp_path):
@@ -1142,7 +1189,8 @@ def test_one_run_per_out_dir_and_signals(tmp_path):
     assert proc.returncode == 130 and len(err.strip().splitlines()) == 1, err
     assert re.fullmatch(rf"error: interrupted by SIGINT at step \d+; the last checkpoint, "
                         rf"{re.escape(out)}/ckpt_last.pt, is from step {saved}: "
-                        rf"continue with --init_from=resume --out_dir={re.escape(out)}\n", err)
+                        rf"continue with python train.py --init_from=resume "
+                        rf"--out_dir={re.escape(out)}\n", err)
     proc = start('--init_from=resume', steps=1)  # the lock went with the process
     # more than one SIGTERM (a kill reaches a script and its job): still one line
     while proc.poll() is None:
@@ -1153,6 +1201,38 @@ def test_one_run_per_out_dir_and_signals(tmp_path):
     assert len(err.strip().splitlines()) == 1 and not [f for f in os.listdir(out)
                                                        if f.endswith('.tmp')]
 
+
+
+def test_signals_stop_a_run_whose_output_pipe_is_closed(tmp_path):
+    """`python train.py ... 2>&1 | tee log`, then Ctrl-C: tee stops too, so the signal's line cannot
+    be written; the run still stops at once with 130 (SIGTERM: 143), its last checkpoint intact."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'out')
+    # no line after the start (saves print nothing), so only the stop writes to the closed pipe
+    args = TINY + [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+                   '--train_steps=100000', '--est_interval=100000', '--save_interval=3',
+                   '--log_interval=100000']
+    for sig, extra in ((signal.SIGINT, []), (signal.SIGTERM, ['--init_from=resume'])):
+        first = len(read_log(out)) if extra else 0
+        proc = subprocess.Popen([PY, 'train.py', *args, *extra], cwd=ROOT, env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 90
+            while time.time() < deadline and not (
+                    os.path.exists(os.path.join(out, 'log.jsonl'))
+                    and sum(r['type'] == 'step' for r in read_log(out)[first:]) >= 4):
+                assert proc.poll() is None, proc.stdout.read()
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGSTOP)  # the signal reaches the run after tee has gone
+            proc.stdout.close()
+            proc.send_signal(sig)
+            proc.send_signal(signal.SIGCONT)
+            proc.wait(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 128 + sig
+        assert load_ckpt(out)['step'] % 3 == 0 and not [f for f in os.listdir(out)
+                                                         if f.endswith('.tmp')]
 
 
 def test_summary_is_written_under_the_lock_a_signal_waits_for(tmp_path, monkeypatch):
@@ -1244,7 +1324,38 @@ def test_ctrl_c_under_torchrun(tmp_path):
     assert len(ours) == 1 and re.fullmatch(
         rf"error: interrupted by SIGINT at step \d+; the last checkpoint, "
         rf"{re.escape(out)}/ckpt_last.pt, is from step {load_ckpt(out)['step']}: "
-        rf"continue with --init_from=resume --out_dir={re.escape(out)}", ours[0]), err
+        rf"continue with torchrun --standalone --nproc_per_node=2 train.py --init_from=resume "
+        rf"--out_dir={re.escape(out)}", ours[0]), err
+
+
+def test_ctrl_c_under_torchrun_into_a_closed_pipe(tmp_path):
+    """`torchrun ... 2>&1 | tee log`, then Ctrl-C: the workers cannot write their line, and still
+    stop at once (not after torchrun's 30 s wait and its SIGKILL)."""
+    data = make_data(tmp_path)
+    out = str(tmp_path / 'ddp')
+    # nothing printed after step 10 (saves print nothing): only the stop writes to the closed pipe
+    torchrun = subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
+                                 '--nproc_per_node=2', 'train.py', *TINY, f'--data_dir={data}',
+                                 '--dataset=tiny', '--train_steps=100000', '--est_interval=100000',
+                                 '--save_interval=3', '--log_interval=100000', f'--out_dir={out}'],
+                                cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
+                                              and sum(r['type'] == 'step'
+                                                      for r in read_log(out)) >= 12):
+            assert torchrun.poll() is None, 'torchrun ended early: ' + torchrun.stdout.read()
+            time.sleep(0.1)
+        workers = children(torchrun.pid)
+        torchrun.stdout.close()  # tee has gone
+        t0 = time.time()
+        torchrun.send_signal(signal.SIGINT)
+        torchrun.wait(timeout=60)
+        assert time.time() - t0 < 15 and not any(alive(pid) for pid in workers)
+    finally:
+        if torchrun.poll() is None:
+            torchrun.kill()
+    assert load_ckpt(out)['step'] % 3 == 0
 
 
 def test_ddp_timeout(tmp_path):
@@ -1391,3 +1502,10 @@ def test_run_records_where_it_ran_and_its_whole_val_loss(tmp_path):
     assert s['whole_val_tokens'] == n * 16 and s['whole_val_best'] != s['whole_val_last']
     assert ([r for r in read_log(out) if r['type'] == 'whole_val'][-1]['whole_val_best']
             == s['whole_val_best'])
+    # resuming the finished run does not score it again: its scores stand
+    n_whole = sum(r['type'] == 'whole_val' for r in read_log(out))
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume')
+    assert p.returncode == 0 and 'all of val.bin' not in p.stdout, p.stdout + p.stderr
+    assert sum(r['type'] == 'whole_val' for r in read_log(out)) == n_whole
+    assert json.load(open(os.path.join(out, 'summary.json'))) == dict(
+        s, wall_time_s=json.load(open(os.path.join(out, 'summary.json')))['wall_time_s'])
