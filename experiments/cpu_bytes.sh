@@ -57,8 +57,9 @@ report() {  # the pilot's table and the study's, each with the floors of its 1M 
     for r in "${PILOT_RUNS[@]}"; do RES=$PILOT have "$r" && done+=("$PILOT/$r"); done
     if [ ${#done[@]} -gt 0 ]; then
         {
-            echo "The byte-level pilot (experiments/cpu_bytes.sh): the regime, then the dropout" \
-                 "rate at seed 0; ${#done[@]} of ${#PILOT_RUNS[@]} runs."
+            echo "The byte-level pilot (experiments/cpu_bytes.sh): the regime, then the" \
+                 "dropout rate"
+            echo "at seed 0; ${#done[@]} of ${#PILOT_RUNS[@]} runs."
             echo
             python experiments/report.py "${done[@]}" ${fl[@]+"${fl[@]}"} --x=epochs \
                 --svg="$PILOT.svg" --title="val loss, the byte-level pilot"
