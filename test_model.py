@@ -1004,8 +1004,9 @@ def test_return_logits_false_leaves_the_logits_out_of_the_compiled_graph():
     for keep in (True, False):
         def backend(gm, example_inputs):
             out = next(n for n in gm.graph.nodes if n.op == 'output')
-            shapes[keep] = [tuple(a.meta['example_value'].shape) for a in
-                            torch.utils._pytree.tree_leaves(out.args) if isinstance(a, torch.fx.Node)]
+            leaves = torch.utils._pytree.tree_leaves(out.args)
+            shapes[keep] = [tuple(a.meta['example_value'].shape) for a in leaves
+                            if isinstance(a, torch.fx.Node)]
             return gm.forward
         torch._dynamo.reset()
         logits, loss = torch.compile(m, backend=backend, fullgraph=True)(x, y, return_logits=keep)

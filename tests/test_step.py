@@ -97,7 +97,7 @@ def test_step_options_that_cannot_run_are_refused(tmp_path):
     """One line, before out_dir is touched: an unknown compile_mode, CUDA graphs off CUDA, a
     micro_batch that does not divide a step's sequences."""
     data = make_data(tmp_path)
-    for args, words in [(['--compile_mode=fast'], ['compile_mode must be one of', 'reduce-overhead']),
+    for args, words in [(['--compile_mode=fast'], ['compile_mode must be one of', 'max-autotune']),
                         (['--compile=True', '--compile_mode=reduce-overhead'],
                          ['reduce-overhead uses CUDA graphs', 'one CUDA device without DDP']),
                         (['--compile=True', '--compile_mode=max-autotune'], ['CUDA graphs']),
