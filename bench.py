@@ -341,8 +341,10 @@ def run_variant(variant, refs, after_first_pass=lambda: None):
     name, n_micro, mode, accumulate = variant
     row = {"variant": step_label(variant), "model": name, "micro_batches": n_micro,
            "mode": mode, "accumulation": accumulate}
-    torch._dynamo.reset()  # and the CUDA graphs: each variant compiles afresh (or from the cache)
+    torch._dynamo.reset()  # each variant compiles afresh (or loads from the on-disk cache)
     if device_type == "cuda":
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+        reset_cudagraph_trees()  # the last variant's CUDA graphs and their memory pool
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     st = Step(variant)

@@ -121,14 +121,13 @@ if gradient_accumulation_steps % world_size:
 rank_rows = gradient_accumulation_steps // world_size * batch_size  # a step's sequences per rank
 micro_batch = micro_batch or batch_size
 if rank_rows % micro_batch:
-    die(f"micro_batch ({micro_batch}) must divide the {rank_rows} sequences a step of each process "
-        f"(gradient_accumulation_steps x batch_size / processes)")
+    die(f"micro_batch ({micro_batch}) must divide the {rank_rows} sequences a step of each process")
 micro_steps = rank_rows // micro_batch  # forwards a step, per rank
 modes = ('default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune')
 if compile_mode not in modes:
     die(f"compile_mode must be one of {', '.join(modes)}, got {compile_mode!r}")
-graphs = compile_mode in ('reduce-overhead', 'max-autotune')  # the modes with CUDA graphs
-if compile and graphs and (device_type != 'cuda' or ddp):
+graphs = compile and compile_mode in ('reduce-overhead', 'max-autotune')  # CUDA graphs
+if graphs and (device_type != 'cuda' or ddp):
     die(f"compile_mode {compile_mode} uses CUDA graphs: on one CUDA device without DDP only")
 run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
 if ddp:
