@@ -561,7 +561,8 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step',
         if lo <= v <= hi:
             out.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{left + pw}" y2="{py(v):.1f}" '
                        f'stroke="#888" stroke-dasharray="1,3"/>')
-            out.append(f'<text x="{left + pw - 4}" y="{py(v) - 4:.1f}" text-anchor="end" '
+            y = py(v) - 4 if py(v) - 4 > top + 12 else py(v) + 14  # under a line at the top
+            out.append(f'<text x="{left + pw - 4}" y="{y:.1f}" text-anchor="end" '
                        f'fill="#666">{n}-gram {v:.3f}</text>')
     # a colour per config; another seed of the same config gets its colour with a dash pattern
     group_of = {id(r): name for name, group in groups_of(runs).items() for r in group}
