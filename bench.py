@@ -6,16 +6,15 @@ Speed and memory of the whole pipeline, measured on this machine:
   4. prepare.py's tokenization against tiktoken's encode_ordinary_batch with all cores
   5. peak memory of a training step
   6. (params, only when asked for) parameters and FLOPs per token of each config/ file (meta device)
-  7. (step, only when asked for) the author's training step in variants side by side: the whole step
-     as one compiled graph or with the cumulative mean outside it, wte padded to 64 rows or not, and
-     the same sequences a step in different numbers of micro-batches
-     (made for a GPU; see bench_step)
+  7. (step, only when asked for; made for a GPU) the author's training step in variants: compile
+     mode x micro-batch split x gradient accumulation, each with a gradient check, peak memory and
+     a profile of one step, within a time budget (see bench_step; --dry: its flow on CPU)
 Prints a table and writes the figures as JSON (out_json).
 
     python bench.py                     # sections 1-5; docs/performance.md says how long, on what
     python bench.py --sections=memory   # some sections (train,generate,data,prepare,memory,step)
     python bench.py --quick             # about a minute
-    python bench.py --sections=step --micro_batches=16,4,1  # on a GPU: the author's step, 3 splits
+    python bench.py --sections=step     # on a GPU: the author's step in variants (docs/gpu.md)
     python bench.py --sections=params   # each config's params and FLOPs/token (seconds, no timing)
 
 Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of
@@ -31,6 +30,7 @@ import json
 import multiprocessing
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,8 +40,8 @@ import time
 import torch
 
 from checkpoint import atomic_write
-from configurator import (ConfigError, collect_defaults, die, load_config, resolve_device,
-                          train_defaults)
+from configurator import (ConfigError, collect_defaults, die, first_line, load_config,
+                          resolve_device, train_defaults)
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -50,9 +50,12 @@ device = "auto"  # 'auto' (cuda if available), 'cpu', 'cuda'
 repeats = 0  # timed runs per measurement (generation: a third as many); 0: 3 with quick, else 5
 out_json = "bench.json"
 sections = "train,generate,data,prepare,memory"  # parts to run, comma-separated (step: when named)
-micro_batches = "auto"  # step: micro-batches a step is split into; auto: 16,4,1 on CUDA, else 2,1
-step_sequences = 0  # step: sequences a step; 0: author's 800 (50 x 16) on CUDA, else 4 (quick: 2)
 step_models = "aed,gpt"  # step: the author's models (config/aed_mse_possub.py, config/baseline.py)
+step_budget = 380  # step: seconds from the start; a variant that would end past them is skipped
+step_steps = 5  # step: timed optimizer steps a variant
+step_prewarm = True  # step: child processes compile the later variants while the first compiles
+dry = False  # step: its flow on CPU, 2-block models, torch.compile's eager backend (a logic check)
+step_worker = ""  # (internal: a prewarm child compiles these STEP_PLAN variants and exits)
 # -----------------------------------------------------------------------------
 defaults = collect_defaults(globals())
 
@@ -146,6 +149,10 @@ def train_step_fn(model_kwargs, batch_size, compiled=False):
     return step, raw
 
 
+def save_results():
+    atomic_write(out_json, lambda f: f.write(json.dumps(results, indent=1).encode()))
+
+
 def autocast():
     if device_type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -212,103 +219,260 @@ def bench_train():
     results["train"] = rows
 
 
-def step_variants(kw, compiled):
-    """The step section's variants of the model kw, as {label: (model kwargs, mean_outside_graph)}:
-    the default (compiled, the whole step is one graph); wte padded to a multiple of 64 rows (vocab
-    50304); and, compiled with the embedding loss on, its cumulative mean run eagerly outside the
-    graph (a graph break on each side)."""
-    base = "one graph" if compiled else "eager"
-    variants = {base: (kw, False),
-                f"{base}, vocab padded to 64": (dict(kw, vocab_pad_multiple=64), False)}
-    if compiled and kw.get("embedding_loss_type", "NONE") != "NONE":
-        variants = {"graph break at the cumulative mean": (kw, True), **variants}
-    return variants
+# the step section's variants, in order of value: (model, micro-batches of a step's sequences,
+# compile mode, accumulation). 'backward' is the step as it was (.backward() through AccumulateGrad,
+# logits returned), each model's gradient reference; 'grad' is train.py's (autograd.grad into the
+# kept .grad tensors, one foreach add, no logits). One micro-batch of 800 needs ~85 GB: left out.
+STEP_PLAN = [("gpt", 16, "default", "backward"), ("gpt", 16, "reduce-overhead", "grad"),
+             ("gpt", 4, "reduce-overhead", "grad"), ("aed", 16, "default", "backward"),
+             ("aed", 4, "reduce-overhead", "grad"), ("aed", 16, "reduce-overhead", "grad"),
+             ("gpt", 16, "default", "grad"), ("aed", 16, "default", "grad"),
+             ("gpt", 4, "default", "grad"), ("aed", 4, "default", "grad"),
+             ("gpt", 8, "reduce-overhead", "grad"), ("aed", 8, "reduce-overhead", "grad"),
+             ("gpt", 16, "max-autotune-no-cudagraphs", "grad"),
+             ("aed", 16, "max-autotune-no-cudagraphs", "grad")]
+GRAD_WRONG = 5e-2  # relative gradient error that marks a variant wrong (bf16 rounding: ~1e-3)
+KERNEL_KINDS = {"gemm": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_"),
+                "attention": ("flash", "fmha", "cudnn", "attention"), "triton": ("triton_",),
+                "optimizer": ("multi_tensor", "adam", "foreach"),
+                "memcpy/memset": ("memcpy", "memset", "Memcpy", "Memset")}
 
 
-def author_step_fn(model_kwargs, n_sequences, n_micro, compiled, mean_outside_graph=False):
-    """One optimizer step as train.py runs it on this device: n_sequences sequences in n_micro
-    micro-batches, each loss / n_micro, the gradients accumulated; bf16 autocast on CUDA."""
-    torch.manual_seed(0)
-    raw = build_model(ModelConfig(**model_kwargs)).to(device)
-    if mean_outside_graph:
-        raw.aggregate = torch.compiler.disable(raw.aggregate)  # what torch.compile then cannot see
-    optimizer = raw.configure_optimizers(0.1, 9e-4, (0.9, 0.95), device_type)
-    model = torch.compile(raw, dynamic=False) if compiled else raw
-    T, V = raw.config.context_size, raw.config.vocab_size
-    x = torch.randint(0, V, (n_sequences, T), device=device).chunk(n_micro)
-    y = torch.randint(0, V, (n_sequences, T), device=device).chunk(n_micro)
+def step_label(variant):
+    name, n_micro, mode, accumulate = variant
+    return (f"{name} {n_micro}x{step_n_sequences // n_micro} {mode}"
+            + (" .backward()" if accumulate == "backward" else ""))
 
-    def step():
-        for xs, ys in zip(x, y):
+
+class Step:
+    """One optimizer step of a variant: the same fixed random sequences and initial weights in every
+    variant of a model, each micro-batch's loss / n_micro, bf16 autocast on CUDA, fused AdamW, the
+    stats train.py sums; batches already on the device. dry: a 2-block model, eager backend."""
+
+    def __init__(self, variant):
+        name, self.n, mode, self.accumulate = variant
+        kw = AUTHOR_GPT if name == "gpt" else AUTHOR_AED
+        if dry:
+            kw = dict(kw, n_layer=2 if name == "gpt" else 1, vocab_size=512, context_size=16)
+        torch.manual_seed(0)
+        self.raw = build_model(ModelConfig(**kw)).to(device)
+        self.params = list(self.raw.parameters())
+        self.optimizer = self.raw.configure_optimizers(0.1, 9e-4, (0.9, 0.95), device_type)
+        self.model = torch.compile(self.raw, **({"backend": "eager"} if dry else {"mode": mode}))
+        g = torch.Generator().manual_seed(1)
+        x, y = (torch.randint(0, kw["vocab_size"], (step_n_sequences, kw["context_size"]),
+                              generator=g) for _ in range(2))
+        self.batches = [(a.to(device), b.to(device)) for a, b in zip(x.chunk(self.n),
+                                                                    y.chunk(self.n))]
+        self.tokens = x.numel()
+        if self.accumulate == "grad":  # train.py's: kept, zeroed in place
+            for p in self.params:
+                p.grad = torch.zeros_like(p)
+        self.grads = [p.grad for p in self.params]
+        self.stats = torch.zeros(2, device=device)
+
+    def accumulate_grads(self):
+        for x, y in self.batches:
+            torch.compiler.cudagraph_mark_step_begin()
             with autocast():
-                _, loss = model(xs, ys)
-            (loss / n_micro).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+                _, loss = self.model(x, y, return_logits=self.accumulate == "backward")
+            if self.accumulate == "backward":
+                (loss / self.n).backward()
+            else:
+                torch._foreach_add_(self.grads, torch.autograd.grad(
+                    loss / self.n, self.params, materialize_grads=True))
+            self.stats[0] += loss.detach().float()
+            self.stats[1] += self.raw.last_ce.float()
 
-    return step, raw
+    def zero(self):
+        self.optimizer.zero_grad(set_to_none=self.accumulate == "backward")
+        self.stats.zero_()
+
+    def step(self):
+        self.accumulate_grads()
+        self.optimizer.step()
+        self.zero()
+
+    def grad_vector(self):
+        return torch.cat([torch.zeros(p.numel()) if p.grad is None else p.grad.cpu().flatten()
+                          for p in self.params]).float()
+
+
+def profile_step(st):
+    """A torch.profiler summary of one step: the share of it the GPU is busy, time by kernel kind,
+    kernels (on CPU: operator calls) per micro-batch, host time per launch."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        with profile(activities=acts) as prof:
+            with record_function("bench_step"):
+                t0 = time.perf_counter()
+                st.step()
+                host = time.perf_counter() - t0  # until the last launch returns
+                sync()  # in the window: every kernel of the step ends in it
+        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+        with open(os.path.join(tmp, "trace.json")) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    window = next(e for e in events
+                  if e["name"] == "bench_step" and e.get("cat") == "user_annotation")
+    w0, w1 = window["ts"], window["ts"] + window["dur"]
+    inside = [e for e in events if w0 <= e["ts"] <= w1]
+    if device_type == "cuda":
+        kernels = [e for e in inside if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+        launches = [e for e in inside if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                    and "Launch" in e["name"]]
+    else:
+        kernels = launches = [e for e in inside if e.get("cat") == "cpu_op"]
+    busy, end, kinds = 0.0, 0.0, {}
+    for e in sorted(kernels, key=lambda e: e["ts"]):  # the union of the kernels' intervals
+        busy += max(0.0, e["ts"] + e["dur"] - max(e["ts"], end))
+        end = max(end, e["ts"] + e["dur"])
+        kind = next((k for k, keys in KERNEL_KINDS.items() if any(s in e["name"] for s in keys)),
+                    "other")
+        kinds[kind] = kinds.get(kind, 0.0) + e["dur"] / 1e3
+    return {"step_ms": window["dur"] / 1e3, "busy_share": busy / window["dur"],
+            "ms_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items())},
+            "kernels_per_micro_batch": len(kernels) / st.n,
+            "launch_call_us": statistics.mean(e["dur"] for e in launches) if launches else None,
+            "host_us_per_launch": 1e6 * host / len(launches) if launches else None}
+
+
+def run_variant(variant, refs, after_first_pass=lambda: None):
+    name, n_micro, mode, accumulate = variant
+    row = {"variant": step_label(variant), "model": name, "micro_batches": n_micro,
+           "mode": mode, "accumulation": accumulate}
+    torch._dynamo.reset()  # each variant compiles afresh (or loads from the on-disk cache)
+    if device_type == "cuda":
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+        reset_cudagraph_trees()  # the last variant's CUDA graphs and their memory pool
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    st = Step(variant)
+    t0 = time.perf_counter()
+    st.accumulate_grads()
+    sync()
+    row["first_pass_s"] = time.perf_counter() - t0  # compiling, or loading the compiled code
+    after_first_pass()
+    for _ in range(2):  # CUDA graphs: recorded, then replayed; checked at the initial weights
+        st.zero()
+        st.accumulate_grads()
+    g = st.grad_vector()
+    row["grad_finite"] = bool(torch.isfinite(g).all())
+    if accumulate == "backward" and n_micro == 16 and mode == "default":
+        refs[name], row["grad_reference"] = g, True
+    elif name in refs:
+        row["grad_rel_err"] = ((g - refs[name]).norm() / refs[name].norm()).item()
+    row["grad_ok"] = row["grad_finite"] and row.get("grad_rel_err", 0.0) <= GRAD_WRONG
+    st.zero()
+    for _ in range(2):  # warm-up
+        st.step()
+    sync()
+    times, hosts = [], []
+    for _ in range(step_steps):
+        t0 = time.perf_counter()
+        st.step()
+        hosts.append(time.perf_counter() - t0)
+        sync()
+        times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)
+    flops = st.raw.flops_per_token() * st.tokens / seconds
+    row.update(ms_per_step=1000 * seconds, ms_min=1000 * min(times), ms_max=1000 * max(times),
+               host_ms=1000 * statistics.median(hosts), tokens_per_s=st.tokens / seconds,
+               share_of_matmul_peak=flops / results["matmul_peak_flops"])
+    if device_type == "cuda":
+        row["mfu_h100"] = flops / 989e12
+        row["peak_memory_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    try:
+        row["profile"] = profile_step(st)
+    except Exception as e:  # a failed profile must not lose the timing
+        row["profile"] = {"error": first_line(e)}
+    return row
+
+
+def prewarm(variants):
+    """Child processes compile variants into Inductor's on-disk cache while this one compiles the
+    first: one for each of the next 3 (model, split), its modes in turn (3: the GPU's memory)."""
+    groups = {}
+    for i, v in variants[1:]:
+        groups.setdefault(v[:2], []).append(str(i))
+    env = dict(os.environ, TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 4) // 4)))
+    return [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--sections=step",
+                              f"--dry={dry}", f"--step_worker={','.join(ids)}"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # its own group: stopped with its compilers
+            for ids in list(groups.values())[:3]]
+
+
+def step_worker_main():
+    """A prewarm child: compile the given variants (three passes: CUDA graphs record), then exit."""
+    for i in step_worker.split(","):
+        torch._dynamo.reset()
+        st = Step(STEP_PLAN[int(i)])
+        for _ in range(3):
+            st.accumulate_grads()
+            st.zero()
+        sync()
+        del st
 
 
 def bench_step():
-    """The author's training step (config/aed_mse_possub.py, config/baseline.py; quick: the small
-    models), in variants timed side by side (step_variants) for each split of the step's sequences
-    into micro-batches (micro_batches: 16 is the author's 16 x 50, 1 one micro-batch of 800).
-    Compiled on CUDA, with the first step's time (compiling) and peak memory; eager on CPU, where
-    the graph variants are one computation."""
-    rows = []
-    compiled = device_type == "cuda"
-    peak = results["matmul_peak_flops"]
-    models = {"aed": SMALL_AED if quick else AUTHOR_AED,
-              "gpt": NANOGPT_REF if quick else AUTHOR_GPT}
-    for name in step_models.split(","):
-        for n_micro in step_splits:
-            label = f"{name}, {step_n_sequences} sequences in {n_micro} micro-batch(es)"
-            print(f"step, {label}{', compiled' if compiled else ', eager'}:", flush=True)
-            fns, raws, first = {}, {}, {}
-            # each group compiles afresh: past 8 compiled models dynamo would run eagerly
-            torch._dynamo.reset()
+    """The author's step (config/baseline.py, config/aed_mse_possub.py: 800 sequences of 200 tokens)
+    in the variants of STEP_PLAN, in that order, within step_budget seconds; each with its gradients
+    checked against the model's step as it was, its time, peak memory and a profile of one step.
+    The JSON is written after every variant; what would end past the budget is skipped, listed."""
+    deadline = t_start + step_budget
+    variants = [(i, v) for i, v in enumerate(STEP_PLAN) if v[0] in step_models.split(",")]
+    rows, refs, skipped = [], {}, []
+    results["step"], results["step_skipped"] = rows, skipped
+    workers = []
+
+    def wait_for_workers():  # before timing: the children would share the GPU and the cores
+        t0 = time.time()
+        for p in workers:
             try:
-                for variant, (kw, outside) in step_variants(models[name], compiled).items():
-                    fns[variant], raws[variant] = author_step_fn(kw, step_n_sequences, n_micro,
-                                                                 compiled, outside)
-                    if compiled:
-                        torch.cuda.reset_peak_memory_stats()
-                        before = torch.cuda.memory_allocated()
-                    t0 = time.perf_counter()
-                    fns[variant]()  # compiles, when compiled
-                    sync()
-                    # the time, and the step's peak memory above what it found
-                    first[variant] = (time.perf_counter() - t0,
-                                      (torch.cuda.max_memory_allocated() - before) / 2 ** 20
-                                      if compiled else None)
-                # the first step warmed up
-                times = interleaved(fns, 1 if quick else repeats, warm_up=False)
-            except (torch.cuda.OutOfMemoryError, torch._dynamo.exc.BackendCompilerFailed) as e:
-                error = ("out of memory" if isinstance(e, torch.cuda.OutOfMemoryError)
-                         else str(e).splitlines()[0])
-                rows.append({"model": name, "micro_batches": n_micro, "error": error})
-                print(f"  {error}", flush=True)
-                continue
-            finally:
-                fns.clear()
-                if compiled:
-                    torch.cuda.empty_cache()
-            for variant, seconds in times.items():
-                raw = raws[variant]
-                tokens = step_n_sequences * raw.config.context_size
-                flops = raw.flops_per_token() * tokens / seconds
-                rows.append({"model": name, "variant": variant, "micro_batches": n_micro,
-                             "micro_batch": f"{step_n_sequences // n_micro}x"
-                                            f"{raw.config.context_size}",
-                             "params": raw.get_num_params(), "ms_per_step": 1000 * seconds,
-                             "tokens_per_s": tokens / seconds, "share_of_matmul_peak": flops / peak,
-                             "first_step_s": first[variant][0],
-                             "step_peak_memory_mib": first[variant][1]})
-                print(f"  {variant:35s} {1000 * seconds:8.0f} ms/step "
-                      f"{tokens / seconds:9.0f} tok/s "
-                      f"{flops / peak:6.1%} of peak; first step {first[variant][0]:.1f} s"
-                      + (f", peak {first[variant][1]:,.0f} MiB" if compiled else ""), flush=True)
-    results["step"] = rows
+                p.wait(timeout=max(1.0, deadline - 150 - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        results["step_prewarm"] = {"children": len(workers), "waited_s": time.time() - t0,
+                                   "stopped": sum(p.returncode < 0 for p in workers)}
+
+    seen = {}  # seconds a variant of (model, mode) took: the next one's estimate
+    for k, (i, v) in enumerate(variants):
+        guess = 5 if dry else (130 if k == 0 or not workers else 40) * (1.3 if v[0] == "aed" else 1)
+        if time.time() + seen.get((v[0], v[2]), guess) > deadline:
+            skipped.append(step_label(v))
+            print(f"  skipped (would end past step_budget): {step_label(v)}", flush=True)
+            continue
+        if k == 0 and step_prewarm and len(variants) > 1:
+            workers = prewarm(variants)
+        t0 = time.time()
+        try:
+            row = run_variant(v, refs, wait_for_workers if k == 0 else lambda: None)
+        except Exception as e:  # out of memory, a failed compile: recorded, the next one runs
+            row = {"variant": step_label(v), "model": v[0], "error": first_line(e)}
+            if device_type == "cuda":
+                torch.cuda.empty_cache()
+        if k == 0 and workers and "step_prewarm" not in results:  # the first failed early
+            wait_for_workers()
+        waited = results["step_prewarm"]["waited_s"] if k == 0 and workers else 0.0
+        seen[(v[0], v[2])] = row["seconds"] = time.time() - t0 - waited
+        rows.append(row)
+        save_results()
+        if "error" in row:
+            print(f"  {row['variant']:38s} {row['error']}", flush=True)
+            continue
+        p = row["profile"]
+        err = row.get("grad_rel_err")
+        print(f"  {row['variant']:38s} {row['ms_per_step']:7.0f} ms/step "
+              f"{row['tokens_per_s']:9.0f} tok/s; grad "
+              + ("reference" if row.get("grad_reference") else "unchecked" if err is None
+                 else f"{err:.1e}")
+              + ("" if row["grad_ok"] else " WRONG")
+              + (f"; peak {row['peak_memory_mib']:,.0f} MiB" if "peak_memory_mib" in row else "")
+              + ("" if "error" in p else f"; busy {p['busy_share']:.0%}, "
+                 f"{p['kernels_per_micro_batch']:.0f} kernels/micro-batch")
+              + f"; first pass {row['first_pass_s']:.1f} s", flush=True)
 
 
 def bench_params():
@@ -589,17 +753,12 @@ if __name__ == "__main__":
         device, device_type, _ = resolve_device(device, "auto")
         if device_type not in ("cpu", "cuda"):
             raise ConfigError(f"bench.py runs on cpu or cuda, not {device!r}")
-        step_n_sequences = step_sequences or (800 if device_type == "cuda" else 2 if quick else 4)
-        splits = (micro_batches if micro_batches != "auto"
-                  else "16,4,1" if device_type == "cuda" else "2,1")
-        try:
-            step_splits = [int(n) for n in splits.split(",")]
-        except ValueError:
-            raise ConfigError(f"micro_batches must be numbers separated by commas, "
-                              f"got {micro_batches!r}") from None
-        if any(n < 1 or step_n_sequences % n for n in step_splits):
-            raise ConfigError(f"each of micro_batches ({splits}) must divide the "
-                              f"{step_n_sequences} sequences a step (step_sequences)")
+        if dry:
+            device, device_type = "cpu", "cpu"
+        if "step" in sections.split(",") and device_type != "cuda" and not dry:
+            raise ConfigError("the step section times the author's step on a GPU: --dry runs its "
+                              "flow on CPU with tiny models")
+        step_n_sequences = 16 if dry else 800
         if set(step_models.split(",")) - {"aed", "gpt"}:
             raise ConfigError(f"step_models must be aed, gpt or aed,gpt, got {step_models!r}")
     except ConfigError as e:
@@ -608,6 +767,8 @@ if __name__ == "__main__":
     if device_type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    if step_worker:
+        sys.exit(step_worker_main())
     results = {"machine": machine(), "quick": quick}
     print(f"machine: {results['machine']}", flush=True)
     t_start = time.time()
@@ -624,5 +785,5 @@ if __name__ == "__main__":
         results.setdefault("section_seconds", {})[section] = round(time.time() - t0, 1)
         print(f"  ({section}: {time.time() - t0:.0f} s)", flush=True)
     results["seconds"] = time.time() - t_start
-    atomic_write(out_json, lambda f: f.write(json.dumps(results, indent=1).encode()))
+    save_results()
     print(f"done in {results['seconds']:.0f} s; figures in {out_json}")

@@ -994,6 +994,27 @@ def test_return_logits_false_returns_the_loss_alone():
     torch.testing.assert_close(loss, m(x, y)[1], atol=0, rtol=0)
 
 
+def test_return_logits_false_leaves_the_logits_out_of_the_compiled_graph():
+    """train.py's training forward (return_logits=False): the graph torch.compile gets returns the
+    loss but no (B, T, vocab) logits, so the compiler need not write them out; with True it does."""
+    cfg = tiny(context_size=8)
+    m = make(cfg).train()
+    x, y = batch(cfg, B=3, T=8)
+    shapes = {}
+    for keep in (True, False):
+        def backend(gm, example_inputs):
+            out = next(n for n in gm.graph.nodes if n.op == 'output')
+            leaves = torch.utils._pytree.tree_leaves(out.args)
+            shapes[keep] = [tuple(a.meta['example_value'].shape) for a in leaves
+                            if isinstance(a, torch.fx.Node)]
+            return gm.forward
+        torch._dynamo.reset()
+        logits, loss = torch.compile(m, backend=backend, fullgraph=True)(x, y, return_logits=keep)
+        assert (logits is None) != keep and loss.requires_grad
+    assert (3, 8, cfg.vocab_size) in shapes[True] and () in shapes[False]
+    assert not [s for s in shapes[False] if s and s[-1] == cfg.vocab_size], shapes[False]
+
+
 def padded_pair(arch, vocab_size=50, multiple=64):
     """The same model (float64) without and with vocab_pad_multiple: the same weights in the real
     rows of wte, and random ones in the padding rows, so that any use of them would show."""

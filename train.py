@@ -54,6 +54,7 @@ dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.
 train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it)
 batch_size = 50        # sequences per micro-step per process
 gradient_accumulation_steps = 16  # micro-steps per optimizer step, in total: split across DDP ranks
+micro_batch = 0        # sequences per forward (0: batch_size): regroups a step's, the same ones
 # model: every field of model.py's ModelConfig is a key too (arch, vocab_size, context_size, ...)
 # AdamW optimizer
 lr = 9e-4              # peak learning rate
@@ -73,6 +74,7 @@ ddp_timeout = 600      # seconds a DDP rank waits in a collective before the run
 device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere)
 compile = True         # torch.compile the model (the CPU presets turn it off: docs/performance.md)
+compile_mode = 'default'  # or reduce-overhead (CUDA graphs), max-autotune-no-cudagraphs
 seed = 1337            # the init, the batches and dropout all follow from it
 DEFAULTS = {**collect_defaults(globals()),
             **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
@@ -99,7 +101,7 @@ for k in ('batch_size', 'gradient_accumulation_steps', 'est_interval', 'est_step
     if not config[k] > 0:
         die(f"{k} must be > 0, got {config[k]}")
 for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters', 'train_tokens', 'min_lr',
-          'weight_decay', 'grad_clip'):
+          'weight_decay', 'grad_clip', 'micro_batch'):
     if config[k] < 0:
         die(f"{k} must be >= 0, got {config[k]}")
 for k in ('beta1', 'beta2'):
@@ -118,6 +120,17 @@ if gradient_accumulation_steps % world_size:
     die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the "
         f"number of processes ({world_size}); e.g. divide batch_size and multiply "
         f"gradient_accumulation_steps by the same factor")
+rank_rows = gradient_accumulation_steps // world_size * batch_size  # a step's sequences per rank
+micro_batch = micro_batch or batch_size
+if rank_rows % micro_batch:
+    die(f"micro_batch ({micro_batch}) must divide the {rank_rows} sequences a step of each process")
+micro_steps = rank_rows // micro_batch  # forwards a step, per rank
+modes = ('default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune')
+if compile_mode not in modes:
+    die(f"compile_mode must be one of {', '.join(modes)}, got {compile_mode!r}")
+graphs = compile and compile_mode in ('reduce-overhead', 'max-autotune')  # CUDA graphs
+if graphs and (device_type != 'cuda' or ddp):
+    die(f"compile_mode {compile_mode} uses CUDA graphs: on one CUDA device without DDP only")
 run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
 if ddp:
     if device_type == 'cuda':
@@ -139,7 +152,6 @@ if ddp:
                   f"the same torchrun command and --init_from=resume", file=sys.stderr)
             os._exit(1)
     sys.excepthook = lost_rank
-micro_steps = gradient_accumulation_steps // world_size  # per rank
 tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all ranks together
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')  # TF32 matmuls
@@ -203,7 +215,7 @@ def train_offsets(step):
     rng = np.random.default_rng([seed, 0, step])
     ix = rng.integers(0, len(train_data) - context_size,
                       size=(gradient_accumulation_steps, batch_size))
-    return ix[rank * micro_steps:(rank + 1) * micro_steps]  # (micro_steps, B)
+    return ix.reshape(world_size, -1)[rank].reshape(micro_steps, micro_batch)
 
 def est_offsets(split_id, data):
     # the same est_steps batches at every estimate, so estimates differ only by the model
@@ -220,6 +232,10 @@ model.to(device)
 raw_model = model  # the uncompiled, unwrapped module: attributes, state_dict
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # a no-op but with fp16
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
+params = list(model.parameters())
+for p in params:  # zeroed in place after each step, never freed: no CUDA graph's buffer is a .grad
+    p.grad = torch.zeros_like(p)
+grads = [p.grad for p in params]
 if ckpt is not None:
     try:
         optimizer.load_state_dict(ckpt['optimizer'])
@@ -239,7 +255,7 @@ if master:  # the header first: a slow start (compiling, a config too big) is ne
           f"tokens/step (batch {batch_size} x context {context_size} x accumulation "
           f"{gradient_accumulation_steps}) | {len(train_data):,} train tokens"
           f"{'' if train_tokens else ' (all)'} of {os.path.join(data_dir, dataset)} | {world_size} "
-          f"process(es), {device}, {dtype}, compile {'on' if compile else 'off'}"
+          f"process(es), {device}, {dtype}, compile {compile_mode if compile else 'off'}"
           f"{f' | {gpu}, MFU of 989 TFLOP/s' if gpu else ''}")
     tflop = flops_per_step / 1e12  # said before compiling, which takes a minute or more
     if device_type == 'cpu' and start_step < train_steps and tflop > 1:
@@ -272,7 +288,7 @@ if compile and start_step < train_steps:  # (a finished run takes no step)
     if master:
         print("compiling the model with torch.compile in the first step: about a minute "
               "(--compile=False skips it)")
-    model = torch.compile(model)
+    model = torch.compile(model, mode=compile_mode)
 eval_model = model  # rank 0 evaluates without the DDP wrapper
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
@@ -294,8 +310,9 @@ def estimate_loss():
         losses = torch.zeros(est_steps, device=device)
         for k, ix in enumerate(est_offsets(split_id, data)):
             X, Y = get_batch(data, ix)
+            torch.compiler.cudagraph_mark_step_begin()
             with autocast:
-                losses[k] = eval_model(X, Y)[1].float()
+                losses[k] = eval_model(X, Y, return_logits=False)[1].float()
         out[split] = losses.mean().item()
     eval_model.train()
     return out
@@ -409,11 +426,16 @@ while True:
         t_data = time.time()
         X, Y = get_batch(train_data, ix)
         data_s += time.time() - t_data
+        torch.compiler.cudagraph_mark_step_begin()  # a new forward: CUDA graphs may reuse memory
         # DDP: sync the gradients on the last micro-step only
         with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():
             with autocast:
-                _, loss = model(X, Y)
-            scaler.scale(loss / micro_steps).backward()
+                _, loss = model(X, Y, return_logits=False)  # the loss alone: no logits kept
+            if ddp:  # its hooks sync the gradients from AccumulateGrad
+                scaler.scale(loss / micro_steps).backward()
+            else:  # in one add: with CUDA graphs, AccumulateGrad can fail or corrupt them
+                torch._foreach_add_(grads, torch.autograd.grad(
+                    scaler.scale(loss / micro_steps), params, materialize_grads=True))
         stats[0] += loss.detach().float()
         stats[1] += raw_model.last_ce.float()
         if raw_model.last_embedding_loss is not None:
@@ -428,7 +450,7 @@ while True:
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
     scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=False)
     if device_type == 'cuda':
         torch.cuda.synchronize()  # honest step times
     dt = time.time() - t0

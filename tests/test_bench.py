@@ -76,57 +76,101 @@ def test_uncached_lengths():
     assert bench.uncached_lengths(5) == [1, 2, 3, 4, 5]
 
 
-def test_bench_step_quick(tmp_path):
-    """The step section, as a GPU run asks for it (--sections=step), on CPU in quick mode: the small
-    AED, its 2 sequences a step in 2 micro-batches and in 1, each time the default and the vocab
-    padded to 64 side by side (eager on CPU, so the graph-break variant, the same computation there,
-    is left out)."""
+def test_bench_step_dry(tmp_path):
+    """--sections=step --dry: the GPU flow on CPU with 2-block models, each variant of STEP_PLAN in
+    its order: the first compiled while 3 children compile later ones, each model's step as it was
+    the gradient reference, every other variant's gradients equal to it (float32 on CPU: the
+    accumulation and the split change only rounding), a profile summary for each."""
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "bench.py", "--quick", "--sections=step",
-                        "--step_models=aed", f"--out_json={out}"], cwd=HERE, capture_output=True,
-                       text=True, env=ENV, timeout=600)
+    p = subprocess.run([sys.executable, "bench.py", "--sections=step", "--dry",
+                        f"--out_json={out}"], cwd=HERE, capture_output=True, text=True, env=ENV,
+                       timeout=900)
     assert p.returncode == 0, p.stderr
-    rows = json.loads(out.read_text())["step"]
-    assert [(r["micro_batches"], r["micro_batch"], r["variant"]) for r in rows] == [
-        (2, "1x128", "eager"), (2, "1x128", "eager, vocab padded to 64"),
-        (1, "2x128", "eager"), (1, "2x128", "eager, vocab padded to 64")]
-    assert all(r["ms_per_step"] > 0 and r["tokens_per_s"] > 0 and r["first_step_s"] > 0
-               for r in rows)
-    assert len({r["params"] for r in rows}) == 1  # the padding rows are not counted
+    r = json.loads(out.read_text())
+    rows = r["step"]
+    assert [row["variant"] for row in rows] == [
+        f"{m} {n}x{16 // n} {mode}" + (" .backward()" if acc == "backward" else "")
+        for m, n, mode, acc in bench.STEP_PLAN]
+    assert r["step_skipped"] == [] and r["step_prewarm"]["children"] == 3
+    assert [row["variant"] for row in rows if row.get("grad_reference")] == [
+        "gpt 16x1 default .backward()", "aed 16x1 default .backward()"]
+    for row in rows:
+        assert row["grad_ok"] and row["grad_finite"], row
+        assert row.get("grad_reference") or row["grad_rel_err"] < 1e-5, row
+        assert row["tokens_per_s"] == pytest.approx(16 * 16 / row["ms_per_step"] * 1000)
+        prof = row["profile"]
+        assert 0 < prof["busy_share"] <= 1 and prof["kernels_per_micro_batch"] > 0, prof
+        assert prof["host_us_per_launch"] > 0 and prof["ms_by_kind"], prof
+
+
+class FakeClock:
+    """bench's clock, for the budget: each run_variant takes 30 s of it."""
+    now = 0.0
+
+    @classmethod
+    def time(cls):
+        return cls.now
+
+    perf_counter = time
+
+
+def test_bench_step_budget_and_json_after_each_variant(monkeypatch):
+    """Within a 100 s budget, variants run in STEP_PLAN's order while the next one's estimated end
+    (the last time of its model and mode, else a guess) is inside it, and the rest are skipped and
+    listed; the JSON is written after every variant, so a cut-off run keeps what finished; a
+    variant that fails is recorded and the next one runs."""
+    saved = []
+
+    def fake_run(v, refs, after_first_pass):
+        after_first_pass()
+        FakeClock.now += 30
+        if v[2] == "reduce-overhead" and v[1] == 4:
+            raise RuntimeError("CUDA out of memory\nmore")
+        return {"variant": bench.step_label(v), "ms_per_step": 1.0, "tokens_per_s": 1.0,
+                "grad_ok": True, "first_pass_s": 1.0, "profile": {"error": "none"}}
+    for k, v in dict(results={"matmul_peak_flops": 1.0}, t_start=0.0, step_budget=100, dry=True,
+                     step_models="gpt,aed", step_prewarm=False, step_n_sequences=16,
+                     device_type="cpu", time=FakeClock, run_variant=fake_run,
+                     save_results=lambda: saved.append(len(bench.results["step"]))).items():
+        monkeypatch.setattr(bench, k, v, raising=False)
+    bench.bench_step()
+    labels = [bench.step_label(v) for v in bench.STEP_PLAN]
+    # 0 + 5 (the dry guess), 30 + 5, 60 + 30 (gpt reduce-overhead took 30), 90 + 5: then 120
+    assert [row["variant"] for row in bench.results["step"]] == labels[:4]
+    assert bench.results["step_skipped"] == labels[4:]
+    assert saved == [1, 2, 3, 4]
+    assert bench.results["step"][2]["error"] == "RuntimeError: CUDA out of memory"
+
+
+def test_bench_step_gradient_check_marks_a_wrong_variant(monkeypatch):
+    """A variant whose gradients are 10% off the model's reference step is marked wrong (over 5e-2
+    relative); the same variant unchanged is within float32 rounding of it."""
+    for k, v in dict(results={"matmul_peak_flops": 1.0}, dry=True, step_n_sequences=16,
+                     step_steps=1, device="cpu", device_type="cpu").items():
+        monkeypatch.setattr(bench, k, v, raising=False)
+    refs = {}
+    ref = bench.run_variant(("gpt", 16, "default", "backward"), refs)
+    assert ref["grad_reference"] and ref["grad_ok"]
+    assert bench.run_variant(("gpt", 4, "default", "grad"), refs)["grad_rel_err"] < 1e-5
+    accumulate = bench.Step.accumulate_grads
+
+    def off(self):
+        accumulate(self)
+        torch._foreach_mul_(self.grads, 1.1)
+    monkeypatch.setattr(bench.Step, "accumulate_grads", off)
+    row = bench.run_variant(("gpt", 4, "default", "grad"), refs)
+    assert row["grad_rel_err"] == pytest.approx(0.1, rel=1e-3) and not row["grad_ok"]
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--micro_batches=3"], "micro_batches"),  # quick: 2 sequences a step
-    (["--micro_batches=2,x"], "micro_batches"),
-    (["--step_models=bert"], "step_models"),
+    (["--sections=step"], "--dry"),  # on a CPU
+    (["--sections=step", "--dry", "--step_models=bert"], "step_models"),
     (["--sections=stepp"], "step"),
 ])
 def test_bench_step_bad_option(args, words):
-    p = subprocess.run([sys.executable, "bench.py", "--quick", "--sections=step", *args], cwd=HERE,
-                       capture_output=True, text=True, env=ENV)
+    p = subprocess.run([sys.executable, "bench.py", *args], cwd=HERE, capture_output=True,
+                       text=True, env=ENV)
     assert p.returncode == 1 and words in p.stderr and "Traceback" not in p.stderr
-
-
-def test_step_variants(monkeypatch):
-    """Compiled, the AED's step is timed three ways (graph break at the cumulative mean, one graph,
-    vocab padded), the GPT's two; the graph-break variant's model really breaks the graph there, and
-    the default's does not."""
-    assert list(bench.step_variants(bench.AUTHOR_AED, compiled=True)) == [
-        "graph break at the cumulative mean", "one graph", "one graph, vocab padded to 64"]
-    assert list(bench.step_variants(bench.AUTHOR_GPT, compiled=True)) == [
-        "one graph", "one graph, vocab padded to 64"]
-    assert bench.step_variants(bench.AUTHOR_AED, compiled=True)["one graph, vocab padded to 64"][0][
-        "vocab_pad_multiple"] == 64
-    monkeypatch.setattr(bench, "device", "cpu", raising=False)
-    monkeypatch.setattr(bench, "device_type", "cpu", raising=False)
-    kw = dict(bench.SMALL_AED, n_layer=1, vocab_size=64, context_size=16)
-    x = torch.randint(0, 64, (2, 16))
-    breaks = []
-    for outside in (True, False):
-        _, raw = bench.author_step_fn(kw, 2, 1, compiled=False, mean_outside_graph=outside)
-        torch._dynamo.reset()
-        breaks.append(torch._dynamo.explain(raw)(x, x).graph_break_count)
-    assert breaks[0] >= 1 and breaks[1] == 0
 
 
 def test_params_section_counts_every_config(tmp_path):
