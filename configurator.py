@@ -40,20 +40,23 @@ def die(msg, status=1):
     sys.exit(status)
 
 
-stopping = None  # what a signal's line names: train.py's RunDir (step, last_saved(), saving lock)
+_run = None  # what a signal's line names: the RunDir train.py hands catch_signals
 _pipe = None  # where Python's C-level signal handler writes the signal's number
 _starting = threading.Lock()  # what a signal takes before there is a RunDir
 
 
-def catch_signals():
+def catch_signals(run=None):
     """Ctrl-C or SIGTERM at any moment ends the process with one line, exit status 128 + signal.
     Python runs a handler only between bytecodes (after a torch op that may take minutes); its
-    C-level handler writes the signal to a pipe at once, and a thread reading it ends the run."""
-    global _pipe
-    if os.environ.get("RANK") and sys.platform == "linux":  # a torchrun worker dies with torchrun
+    C-level handler writes the signal to a pipe at once, and a thread reading it ends the run.
+    run: train.py's RunDir once it has one; the line names its step and last save, and a save
+    under way (run.saving held) finishes first."""
+    global _pipe, _run
+    _run = run
+    first = _pipe is None  # the thread: once per process
+    if first and os.environ.get("RANK") and sys.platform == "linux":  # dies with torchrun
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
-    first = _pipe is None  # the thread: once per process
     if first:
         _pipe = os.pipe()
         os.set_blocking(_pipe[1], False)
@@ -73,7 +76,7 @@ def _stop_on_signal():
 
 def _stop(signum, wait=True):
     # a save under way finishes first: the thread waits for it (the main thread, saving, goes on)
-    run = stopping
+    run = _run
     if (run.saving if run else _starting).acquire(wait):
         where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
         stop(signum, f"error: interrupted by {signal.Signals(signum).name} {where}")
