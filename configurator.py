@@ -275,19 +275,6 @@ def collect_defaults(namespace):
     return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, NONE_OK)}
 
 
-def train_defaults():
-    """train.py's config keys and defaults, read without running train.py: the block between its
-    first two '# ---' lines, run with what it needs."""
-    import dataclasses
-    from model import ModelConfig
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")) as f:
-        head = f.read().split("\n# " + "-" * 77 + "\n")[1]
-    ns = {"dataclasses": dataclasses, "ModelConfig": ModelConfig,
-          "collect_defaults": collect_defaults}
-    exec(head, ns)
-    return ns["DEFAULTS"]
-
-
 def resolve_device(device, dtype):
     """(device, device_type, dtype) on this machine. 'auto': cuda if torch sees a GPU, else cpu;
     bfloat16 on a GPU that supports it, else float16; float32 off the GPU. ConfigError for a name or
