@@ -319,18 +319,6 @@ def estimate_loss():
     return out
 
 @torch.no_grad()
-def estimate_seconds():
-    # estimate_loss's time on a CPU, from <= 2048 tokens of a batch (a config too big for the
-    # machine can take minutes a batch); past 2048 a lower bound: attention grows faster
-    rows, n = max(1, min(batch_size, 2048 // context_size)), min(context_size, 2048)
-    raw_model.eval()
-    t0 = time.time()
-    with autocast:
-        raw_model(X0[:rows, :n], Y0[:rows, :n])
-    raw_model.train()
-    return (time.time() - t0) * (batch_size / rows) * (context_size / n) * 2 * est_steps
-
-@torch.no_grad()
 def whole_val_loss(m):
     # eval-mode cross-entropy over all of val.bin in consecutive windows: the same tokens for
     # every seed and run. Not predicted: the first token, a tail shorter than a window
@@ -389,11 +377,6 @@ while True:
     improved = None  # True: this step's estimate is the best so far; None: no estimate
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
-            if est_s is None and device_type == 'cpu' and (expect_s := estimate_seconds()) > 10:
-                too_big = ("; too big for this CPU (the CPU presets: config/cpu_aed_mse_possub.py,"
-                           " config/cpu_baseline.py)") if expect_s > 60 else ""
-                print(f"estimating the loss on 2 x {est_steps} batches: ~{duration(expect_s)}"
-                      f"{' or more' if context_size > 2048 else ''}{too_big}")
             t0 = time.time()
             est = estimate_loss()
             est_s = time.time() - t0
