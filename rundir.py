@@ -1,7 +1,6 @@
 """
-A run's out_dir, kept safe for train.py (docs/robustness.md): the lock (one run at a time; a scratch
-run never replaces one by accident), log.jsonl, summary.json, the saves and the stops on a NaN. Each
-file but the append-only log is written to NAME.tmp and renamed: a kill leaves the old or the new.
+A run's out_dir, kept safe for train.py (docs/robustness.md): the lock, log.jsonl, summary.json,
+the saves and the stop. Each file but the append-only log is written whole or not at all.
 """
 import atexit
 import contextlib
@@ -21,9 +20,8 @@ from configurator import die
 
 
 def provenance():
-    """Where a run runs: the git commit (and if its .py files changed), the software, the hardware:
-    enough to tell apart two runs of one config whose numbers differ (docs/training.md, What
-    reproduces)."""
+    """The git commit (and if its .py files changed), the software, the hardware: what tells apart
+    two runs of one config whose numbers differ (docs/training.md)."""
     def git(*args):
         try:
             return subprocess.run(['git', *args], capture_output=True, text=True, timeout=10,
@@ -169,7 +167,7 @@ class RunDir:
 
     def save(self, step, ckpt, best=False):
         """ckpt_last.pt, and ckpt_best.pt a hard link to it if best. Non-finite weights or Adam
-        moments (an overflowing update, whatever the loss) stop the run, not a good checkpoint."""
+        moments (an overflowing update) stop the run instead."""
         named = [*ckpt['model'].items(), *((f"optimizer state {k} of parameter {i}", v)
                  for i, s in ckpt['optimizer']['state'].items() for k, v in s.items())]
         if bad := nonfinite(named):
