@@ -40,8 +40,8 @@ import time
 import torch
 
 from checkpoint import atomic_write
-from configurator import (ConfigError, collect_defaults, die, first_line, load_config,
-                          resolve_device, train_defaults)
+from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
+from conftest import train_defaults
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------

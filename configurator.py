@@ -1,15 +1,7 @@
 """
-The one config parser shared by train.py, sample.py, bench.py, prepare.py and report.py.
-
-    python train.py config/aed_mse_possub.py --batch_size=32 --lr=6e-4
-    python bench.py --quick          # a boolean key alone means True (--no-quick: False)
-    python train.py --help           # every key, its default and the comment beside it
-
-A script keeps its defaults as plain variables at the top and calls load_config(defaults, argv).
-Positional arguments are config files: plain Python, where every name must be a key; include('x.py')
-sets another file's keys there. `--key=value` arguments win, in order; values are Python literals,
-else the raw string. Types are checked against the default. A mistake raises ConfigError, one line
-naming the nearest valid key; die() prints it and exits 1. Also here: the one-line stop on a signal.
+The config parser of train.py, sample.py, bench.py, prepare.py and report.py (docs/training.md):
+config files are plain Python, --key=value wins, types are checked against the defaults, and a
+mistake is one line (ConfigError, die). Also here: the one-line stop on a signal.
 """
 import ast
 import difflib
@@ -33,27 +25,27 @@ class ConfigError(Exception):
 
 
 def die(msg, status=1):
-    """Bad input or a failed run: one line on stderr, exit status 1 (or status), no traceback.
-    Under torchrun every rank exits, but only rank 0 prints: the errors are the same on all."""
+    """One line on stderr (rank 0 only: all ranks err alike), exit status, no traceback."""
     if int(os.environ.get("RANK", 0)) == 0:
         print(f"error: {msg}", file=sys.stderr, flush=True)
     sys.exit(status)
 
 
-stopping = None  # what a signal's line names: train.py's RunDir (step, last_saved(), saving lock)
+_run = None  # what a signal's line names: the RunDir train.py hands catch_signals
 _pipe = None  # where Python's C-level signal handler writes the signal's number
 _starting = threading.Lock()  # what a signal takes before there is a RunDir
 
 
-def catch_signals():
-    """Ctrl-C or SIGTERM at any moment ends the process with one line, exit status 128 + signal.
-    Python runs a handler only between bytecodes (after a torch op that may take minutes); its
-    C-level handler writes the signal to a pipe at once, and a thread reading it ends the run."""
-    global _pipe
-    if os.environ.get("RANK") and sys.platform == "linux":  # a torchrun worker dies with torchrun
+def catch_signals(run=None):
+    """Ctrl-C or SIGTERM at any moment, even inside a torch op of minutes, ends the process with
+    one line and exit status 128 + signal (docs/robustness.md). run: train.py's RunDir, once it
+    has one: the line names its step and last save, and a save under way finishes first."""
+    global _pipe, _run
+    _run = run
+    first = _pipe is None  # the thread: once per process
+    if first and os.environ.get("RANK") and sys.platform == "linux":  # dies with torchrun
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
-    first = _pipe is None  # the thread: once per process
     if first:
         _pipe = os.pipe()
         os.set_blocking(_pipe[1], False)
@@ -73,16 +65,14 @@ def _stop_on_signal():
 
 def _stop(signum, wait=True):
     # a save under way finishes first: the thread waits for it (the main thread, saving, goes on)
-    run = stopping
+    run = _run
     if (run.saving if run else _starting).acquire(wait):
         where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
         stop(signum, f"error: interrupted by {signal.Signals(signum).name} {where}")
 
 
 def stop(signum, line):
-    """line on stderr, then exit 128 + signum at once, whatever the write does: under
-    `... | tee log` Ctrl-C stops tee too, and writing to its pipe fails. Only rank 0 writes:
-    torchrun passes the signal on to every rank."""
+    """line on stderr (rank 0), then exit 128 + signum, even if the write fails (`| tee`)."""
     try:
         if int(os.environ.get("RANK", 0)) == 0:
             print(line, file=sys.stderr, flush=True)
@@ -92,8 +82,7 @@ def stop(signum, line):
 
 def interrupt_on_signals():
     """For scripts of short ops (prepare.py, sample.py): Ctrl-C and SIGTERM raise
-    KeyboardInterrupt(signum), Ctrl-C also where SIGINT started out ignored (a script's background
-    job); later signals are ignored, so the cleanup under way finishes."""
+    KeyboardInterrupt(signum) (also where SIGINT started out ignored); later ones are ignored."""
     def interrupt(signum, frame):
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
@@ -146,16 +135,14 @@ def parse_value(raw, default):
 
 
 def check_config_files(argv=None):
-    """A config file of argv (default: the command line's) that is not a file: one line, before
-    train.py's seconds of `import torch` (its keys need model.py, and so torch, to check)."""
+    """A config file of argv that is not a file: one line, before train.py's `import torch`."""
     for arg in sys.argv[1:] if argv is None else argv:
         if not arg.startswith("-") and not os.path.isfile(arg):
             die(not_a_config_file(arg))
 
 
 def not_a_config_file(path):
-    """The ConfigError for a path that is not a file: a folder's configs, or the nearest .py file in
-    its folder or in config/, as for keys."""
+    """The ConfigError for a path that is not a file: a folder's configs, or the nearest file."""
     if os.path.isdir(path):
         configs = sorted(f for f in os.listdir(path) if f.endswith(".py"))
         return ConfigError(f"{path} is a folder, not a config file; its configs: "
@@ -208,9 +195,8 @@ def read_config_file(path, defaults, depth=0):
 
 
 def load_config(defaults, argv, base=None, sources=None):
-    """Apply the config files and --key=value arguments of argv, in order, to a copy of base
-    (default: defaults). -h or --help: print help_text(defaults, sources) (sources: the files whose
-    comments describe the keys, default the running script) and exit 0."""
+    """Apply argv's config files and --key=value, in order, to a copy of base (default: defaults).
+    -h or --help: print help_text(defaults, sources) and exit 0."""
     if "-h" in argv or "--help" in argv:
         if int(os.environ.get("RANK", 0)) == 0:
             print(help_text(defaults, sources or [sys.modules["__main__"].__file__]), flush=True)
@@ -241,8 +227,7 @@ def load_config(defaults, argv, base=None, sources=None):
 
 
 def key_comments(path):
-    """{name: comment} from the lines `name = value  # comment` of a file (also `name: type =
-    value` and `name=value,  # comment` inside a call): the first such line of each name."""
+    """{name: comment} from a file's first line `name = value  # comment` of each name."""
     comments = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -267,28 +252,12 @@ def help_text(defaults, sources):
 
 
 def collect_defaults(namespace):
-    """The config keys of a script: its public module-level int/float/bool/str/None variables.
-    Call as collect_defaults(globals()) right after the defaults block."""
+    """A script's config keys: its public int/float/bool/str/None globals."""
     return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, NONE_OK)}
 
 
-def train_defaults():
-    """train.py's config keys and defaults, read without running train.py: the block between its
-    first two '# ---' lines, run with what it needs."""
-    import dataclasses
-    from model import ModelConfig
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "train.py")) as f:
-        head = f.read().split("\n# " + "-" * 77 + "\n")[1]
-    ns = {"dataclasses": dataclasses, "ModelConfig": ModelConfig,
-          "collect_defaults": collect_defaults}
-    exec(head, ns)
-    return ns["DEFAULTS"]
-
-
 def resolve_device(device, dtype):
-    """(device, device_type, dtype) on this machine. 'auto': cuda if torch sees a GPU, else cpu;
-    bfloat16 on a GPU that supports it, else float16; float32 off the GPU. ConfigError for a name or
-    a device this machine lacks."""
+    """(device, device_type, dtype) on this machine, 'auto' resolved as train.py's keys say."""
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
     if dtype not in ("auto", "float32", "bfloat16", "float16"):

@@ -1,8 +1,23 @@
-"""What the test files share: the repository's root, and train.py's config defaults."""
+"""What the test files (and bench.py) share: the repository's root, and train.py's defaults."""
+import dataclasses
 import os
 import sys
 
-from configurator import train_defaults  # noqa: F401 (imported from here by the test files)
+from configurator import collect_defaults
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def train_defaults():
+    """train.py's config keys and defaults, read without running train.py: the block between its
+    first two '# ---' lines, run with what it needs."""
+    from model import ModelConfig
+    with open(os.path.join(ROOT, "train.py")) as f:
+        head = f.read().split("\n# " + "-" * 77 + "\n")[1]
+    ns = {"dataclasses": dataclasses, "ModelConfig": ModelConfig,
+          "collect_defaults": collect_defaults}
+    exec(head, ns)
+    return ns["DEFAULTS"]
+
+
 sys.path.insert(0, os.path.join(ROOT, 'experiments'))  # report.py, which the tests import

