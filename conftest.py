@@ -1,6 +1,7 @@
 """What the test files (and bench.py) share: the repository's root, and train.py's defaults."""
 import dataclasses
 import os
+import signal
 import sys
 
 from configurator import collect_defaults
@@ -18,6 +19,19 @@ def train_defaults():
           "collect_defaults": collect_defaults}
     exec(head, ns)
     return ns["DEFAULTS"]
+
+
+def signal_after_reader_gone(proc, sig, timeout):
+    """Send sig to proc once the reader of its output pipe has gone (as `... | tee log` after the
+    same Ctrl-C stopped tee): nothing it writes can arrive. Returns its exit status."""
+    try:
+        proc.send_signal(signal.SIGSTOP)  # the signal reaches it after the pipe's reader has gone
+        proc.stdout.close()
+        proc.send_signal(sig)
+        proc.send_signal(signal.SIGCONT)
+        return proc.wait(timeout=timeout)
+    finally:
+        proc.kill()
 
 
 sys.path.insert(0, os.path.join(ROOT, 'experiments'))  # report.py, which the tests import

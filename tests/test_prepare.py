@@ -24,7 +24,7 @@ import pytest
 
 import prepare
 import tokenizer
-from conftest import train_defaults
+from conftest import signal_after_reader_gone, train_defaults
 
 EOT = "<|endoftext|>"
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -342,14 +342,10 @@ def test_a_signal_stops_it_cleanly_into_a_closed_pipe(tmp_path, enc, sig):
     try:
         assert proc.stdout.readline().startswith(b"reading ")
         time.sleep(0.2)  # counting or encoding
-        proc.send_signal(signal.SIGSTOP)  # the signal reaches it after the pipe's reader has gone
-        proc.stdout.close()
-        proc.send_signal(sig)
-        proc.send_signal(signal.SIGCONT)
-        proc.wait(timeout=60)
-    finally:
+    except BaseException:
         proc.kill()
-    assert proc.returncode == 128 + sig
+        raise
+    assert signal_after_reader_gone(proc, sig, timeout=60) == 128 + sig
     assert not os.path.exists(tmp_path / "out" / "big")
 
 

@@ -17,7 +17,7 @@ import torch
 
 import checkpoint
 from configurator import read_config_file
-from conftest import ROOT, train_defaults
+from conftest import ROOT, signal_after_reader_gone, train_defaults
 from model import ModelConfig, build_model
 from tokenizer import get_encoding
 
@@ -112,14 +112,10 @@ def test_a_signal_stops_it_into_a_closed_pipe(out_dir, sig):
             chunk = os.read(proc.stdout.fileno(), 4096)
             assert chunk, seen  # (it ended)
             seen += chunk
-        proc.send_signal(signal.SIGSTOP)  # the signal reaches it after the pipe's reader has gone
-        proc.stdout.close()
-        proc.send_signal(sig)
-        proc.send_signal(signal.SIGCONT)
-        proc.wait(timeout=60)
-    finally:
+    except BaseException:
         proc.kill()
-    assert proc.returncode == 128 + sig
+        raise
+    assert signal_after_reader_gone(proc, sig, timeout=60) == 128 + sig
 
 
 def test_help_examples_name_out_dirs_that_configs_write():

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from configurator import ConfigError, collect_defaults, load_config
-from conftest import train_defaults
+from conftest import signal_after_reader_gone, train_defaults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 PY = sys.executable
@@ -1223,14 +1223,10 @@ def test_signals_stop_a_run_whose_output_pipe_is_closed(tmp_path):
                     and sum(r['type'] == 'step' for r in read_log(out)[first:]) >= 4):
                 assert proc.poll() is None, proc.stdout.read()
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGSTOP)  # the signal reaches the run after tee has gone
-            proc.stdout.close()
-            proc.send_signal(sig)
-            proc.send_signal(signal.SIGCONT)
-            proc.wait(timeout=30)
-        finally:
+        except BaseException:
             proc.kill()
-        assert proc.returncode == 128 + sig
+            raise
+        assert signal_after_reader_gone(proc, sig, timeout=30) == 128 + sig
         assert load_ckpt(out)['step'] % 3 == 0 and not [f for f in os.listdir(out)
                                                          if f.endswith('.tmp')]
 
