@@ -109,6 +109,8 @@ def main(argv=sys.argv[1:]):
     except (OSError, ValueError) as e:
         die(f"cannot read {path} ({getattr(e, 'strerror', None) or e}): run prepare.py first")
     V, T = meta['vocab_size'], c['context_size']
+    if c['max_order'] < 0:
+        die(f"max_order must be >= 0 (0: the default for the vocabulary), got {c['max_order']}")
     n_max = c['max_order'] or (5 if V <= 256 else 2)
     if V ** (n_max + 1) >= 2 ** 62:
         die(f"max_order {n_max} is too high for a vocabulary of {V}: its keys overflow int64")

@@ -112,3 +112,8 @@ def test_command_writes_the_floors_of_a_prepared_dataset(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 1 and r.stderr.startswith("error: cannot read") and \
         len(r.stderr.splitlines()) == 1
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "floors.py"),
+                        f"--data_dir={tmp_path / 'data'}", "--dataset=tiny", "--max_order=-1"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr == "error: max_order must be >= 0 (0: the default " \
+        "for the vocabulary), got -1\n"
