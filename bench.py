@@ -260,8 +260,9 @@ class Step:
         self.optimizer = self.raw.configure_optimizers(0.1, 9e-4, (0.9, 0.95), device_type)
         self.model = torch.compile(self.raw, **({"backend": "eager"} if dry else {"mode": mode}))
         g = torch.Generator().manual_seed(1)
-        x, y = (torch.randint(0, kw["vocab_size"], (step_n_sequences, kw["context_size"]),
-                              generator=g) for _ in range(2))
+        vocab_size = ModelConfig(**kw).vocab_size  # the author's: GPT-2's
+        x, y = (torch.randint(0, vocab_size, (step_n_sequences, kw["context_size"]), generator=g)
+                for _ in range(2))
         self.batches = [(a.to(device), b.to(device)) for a, b in zip(x.chunk(self.n),
                                                                     y.chunk(self.n))]
         self.tokens = x.numel()
