@@ -22,6 +22,8 @@
 # $ bash experiments/gpu_author_regime.sh baseline aed_mse_possub   only the runs named
 # $ STEPS=400 WARMUP=300 RES=experiments/gpu_warmup300 bash experiments/gpu_author_regime.sh \
 #       baseline aed_mse_possub                            the pair, longer, the author's warm-up
+# $ FLAGS="--compile_mode=reduce-overhead" bash experiments/gpu_author_regime.sh baseline
+#                                                          with extra train.py flags
 # $ REPORT_ONLY=1 bash experiments/gpu_author_regime.sh    only the table and charts, from what is
 #                                                          finished
 #
@@ -99,7 +101,7 @@ for name in "${ORDER[@]}"; do
     fi
     # shellcheck disable=SC2206  # the config file and its flags, split on spaces
     args=(${RUN[$name]} --train_steps=$STEPS --warmup_iters=$WARMUP --lr_decay_iters=$DECAY
-          --est_interval=20 --log_interval=20 --out_dir=$out)
+          --est_interval=20 --log_interval=20 --out_dir=$out ${FLAGS:-})
     # a run cut off resumes from its last checkpoint (every 20 steps); one cut off before its first
     # starts over
     if [ -f "$out/ckpt_last.pt" ]; then

@@ -701,6 +701,47 @@ exec {PY} "$@"
     assert '--warmup_iters=7 --lr_decay_iters=17111' in (tmp_path / 'calls').read_text()
 
 
+def test_gpu_step_script_trains_each_model_with_its_fastest_passing_variant(tmp_path):
+    """experiments/gpu_step.sh with `python` shimmed (bench.py and train.py faked): the fastest
+    variant whose gradients passed, a .backward() one as train.py's default mode, goes to train.py
+    as --compile_mode and --micro_batch (of the 800 sequences); a WRONG or failed one never."""
+    shim = tmp_path / 'bin'
+    shim.mkdir()
+    done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
+    rows = [dict(model='gpt', micro_batches=16, mode='default', accumulation='backward',
+                 ms_per_step=469, grad_ok=True),
+            dict(model='gpt', micro_batches=16, mode='reduce-overhead', accumulation='grad',
+                 ms_per_step=176, grad_ok=True),
+            dict(model='gpt', micro_batches=4, mode='reduce-overhead', accumulation='grad',
+                 ms_per_step=140, grad_ok=False),
+            dict(model='aed', micro_batches=16, mode='default', accumulation='backward',
+                 ms_per_step=713, grad_ok=True),
+            dict(model='aed', error='OutOfMemoryError')]
+    (tmp_path / 'bench.json').write_text(json.dumps({'step': rows}))
+    (shim / 'python').write_text(f'''#!/usr/bin/env bash
+if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi
+if [ "$1" = bench.py ]; then
+    cp {tmp_path}/bench.json "$(printf '%s\\n' "$@" | sed -n 's/^--out_json=//p')"; exit 0
+fi
+if [ "$1" = train.py ]; then
+    echo "$*" >> {tmp_path}/calls
+    out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
+    mkdir -p "$out" && cp {done}/log.jsonl {done}/summary.json "$out" && exit 0
+fi
+exec {PY} "$@"
+''')
+    (shim / 'python').chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(tmp_path / 'out'))
+    p = subprocess.run(['bash', 'experiments/gpu_step.sh'], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = (tmp_path / 'calls').read_text().splitlines()
+    assert [c.split()[1] for c in calls] == ['config/baseline.py', 'config/aed_mse_possub.py']
+    assert calls[0].endswith('--compile_mode=reduce-overhead --micro_batch=50 --overwrite=True')
+    assert calls[1].endswith('--compile_mode=default --micro_batch=50 --overwrite=True')
+    assert '| baseline |' in (tmp_path / 'out' / '30steps.md').read_text()
+
+
 def test_cpu_study_script_resumes_restarts_skips_and_scrubs_paths(tmp_path):
     """experiments/cpu_data_constrained.sh with `python` shimmed (train.py faked, report.py and
     prepare.py skipped): a finished run in RES is skipped, one with a checkpoint resumes, one
