@@ -54,7 +54,8 @@ dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.
 train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it)
 batch_size = 50        # sequences per micro-step per process
 gradient_accumulation_steps = 16  # micro-steps per optimizer step, in total: split across DDP ranks
-micro_batch = 0        # sequences per forward (0: batch_size): regroups a step's, the same ones
+micro_batch = 200      # at most this many sequences a forward (0: batch_size): the same ones,
+                       # in the fewest equal forwards a process (the author's 800: 4 of 200)
 # model: every field of model.py's ModelConfig is a key too (arch, vocab_size, context_size, ...)
 # AdamW optimizer
 lr = 9e-4              # peak learning rate
@@ -74,7 +75,8 @@ ddp_timeout = 600      # seconds a DDP rank waits in a collective before the run
 device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere)
 compile = True         # torch.compile the model (the CPU presets turn it off: docs/performance.md)
-compile_mode = 'default'  # or reduce-overhead (CUDA graphs), max-autotune-no-cudagraphs
+compile_mode = 'auto'  # auto: reduce-overhead (CUDA graphs) on one CUDA device without DDP, else
+                       # default; or max-autotune-no-cudagraphs, max-autotune
 seed = 1337            # the init, the batches and dropout all follow from it
 DEFAULTS = {**collect_defaults(globals()),
             **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
@@ -121,13 +123,14 @@ if gradient_accumulation_steps % world_size:
         f"number of processes ({world_size}); e.g. divide batch_size and multiply "
         f"gradient_accumulation_steps by the same factor")
 rank_rows = gradient_accumulation_steps // world_size * batch_size  # a step's sequences per rank
-micro_batch = micro_batch or batch_size
-if rank_rows % micro_batch:
-    die(f"micro_batch ({micro_batch}) must divide the {rank_rows} sequences a step of each process")
-micro_steps = rank_rows // micro_batch  # forwards a step, per rank
-modes = ('default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune')
+micro_steps = next(n for n in range(1, rank_rows + 1)  # forwards a step, per rank
+                   if rank_rows % n == 0 and rank_rows // n <= (micro_batch or batch_size))
+micro_batch = rank_rows // micro_steps
+modes = ('auto', 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune')
 if compile_mode not in modes:
     die(f"compile_mode must be one of {', '.join(modes)}, got {compile_mode!r}")
+if compile_mode == 'auto':  # CUDA graphs: ~3x faster steps for the author's (docs/gpu.md)
+    compile_mode = 'reduce-overhead' if device_type == 'cuda' and not ddp else 'default'
 graphs = compile and compile_mode in ('reduce-overhead', 'max-autotune')  # CUDA graphs
 if graphs and (device_type != 'cuda' or ddp):
     die(f"compile_mode {compile_mode} uses CUDA graphs: on one CUDA device without DDP only")
@@ -254,7 +257,8 @@ flops_per_step = raw_model.flops_per_token() * tokens_per_step
 if master:  # the header first: a slow start (compiling, a config too big) is never silent
     print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} "
           f"tokens/step (batch {batch_size} x context {context_size} x accumulation "
-          f"{gradient_accumulation_steps}) | {len(train_data):,} train tokens"
+          f"{gradient_accumulation_steps}, {micro_steps} forward(s) of {micro_batch}) | "
+          f"{len(train_data):,} train tokens"
           f"{'' if train_tokens else ' (all)'} of {os.path.join(data_dir, dataset)} | {world_size} "
           f"process(es), {device}, {dtype}, compile {compile_mode if compile else 'off'}"
           f"{f' | {gpu}, MFU of 989 TFLOP/s' if gpu else ''}")

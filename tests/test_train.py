@@ -709,7 +709,7 @@ sys.argv = ['train.py'] + sys.argv[1:]
 runpy.run_path('train.py', run_name='__main__')
 ''')
     args = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=40', '--est_interval=5',
-                   f'--out_dir={out}']
+                   f'--out_dir={out}', '--micro_batch=4']  # 2 forwards a step
     p = subprocess.run([PY, str(wrapper), *args], cwd=ROOT, capture_output=True, text=True,
                        timeout=120, env=ENV)
     assert_one_line_error(p, 'the training loss is not finite at step 12', 'stopped without saving')
