@@ -162,9 +162,9 @@ def wikipedia_text():
         with open(json_path, encoding="utf-8") as f:
             articles = list(json.load(f).values())  # {title: {"title", "extract", ...}}
         articles.sort(key=lambda a: hashlib.sha256(a["title"].encode()).digest())
-        with open(f"{txt_path}.{os.getpid()}.tmp", "w", encoding="utf-8", newline="") as f:
+        with open(tmp := f"{txt_path}.{os.getpid()}.tmp", "w", encoding="utf-8", newline="") as f:
             f.write(EOT.join(a["extract"].strip() for a in articles))
-        os.replace(f"{txt_path}.{os.getpid()}.tmp", txt_path)
+        os.replace(tmp, txt_path)
     return txt_path
 
 
@@ -186,10 +186,9 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     if not re.fullmatch(r"[\w.-]+", name) or name in (".", ".."):
         raise PrepareError(f"--name must be letters, digits, '_', '-' or '.', got {name!r}")
     out, t0 = os.path.join(data_dir, name), time.time()
-    final = {k: os.path.join(out, k) for k in ("train.bin", "val.bin", "meta.json")}
-    tmp = {k: f"{v}.{os.getpid()}.tmp" for k, v in final.items()}  # never taken for finished bins
-    if url:  # spooled to a file first: it is read twice
-        input = tmp["url"] = os.path.join(out, f"input.{os.getpid()}.tmp")
+    tmp = {k: os.path.join(out, f"{k}.{os.getpid()}.tmp")  # never taken for finished bins
+           for k in ("train.bin", "val.bin", "meta.json", "input")}
+    input = tmp["input"] if url else input  # a URL is spooled to a file first: it is read twice
     os.makedirs(out, exist_ok=True)
     for f in os.listdir(out):  # remove the temporary files of killed runs: those whose pid is gone
         try:
@@ -227,10 +226,10 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         with open(tmp["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
         for k in ("meta.json", "train.bin", "val.bin"):  # old outputs go first: never a mixed pair
-            if os.path.exists(final[k]):
-                os.remove(final[k])
+            if os.path.exists(os.path.join(out, k)):
+                os.remove(os.path.join(out, k))
         for k in ("val.bin", "train.bin", "meta.json"):
-            os.replace(tmp[k], final[k])
+            os.replace(tmp[k], os.path.join(out, k))
     finally:
         for p in tmp.values():
             if os.path.exists(p):

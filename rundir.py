@@ -181,7 +181,8 @@ class RunDir:
     def summary(self, step, status=None):
         device = self.facts['device']
         best = self.best_val_loss if self.best_val_loss < float('inf') else None
-        gpu_mib = torch.cuda.max_memory_allocated(device) / 2**20 if 'cuda' in device else None
+        gpu_mib = round(torch.cuda.max_memory_allocated(device) / 2**20) if 'cuda' in device \
+            else None
         summary = {'status': status or ('finished' if step >= self.train_steps else 'running'),
                    'step': step, 'train_steps': self.train_steps,
                    'final_train_loss': self.last_est.get('train'),
@@ -189,7 +190,7 @@ class RunDir:
                    'tokens_seen': self.tokens(step), 'epochs': round(self.epochs(step), 4),
                    **self.whole,
                    'wall_time_s': round(self.elapsed(), 1), **self.facts,
-                   'peak_gpu_memory_mib': None if gpu_mib is None else round(gpu_mib)}
+                   'peak_gpu_memory_mib': gpu_mib}
         with self.saving:  # a signal waits for it too: a kill leaves no summary.json.tmp
             self._write(step, atomic_write, self.path('summary.json'),
                         lambda f: f.write(json.dumps(summary, indent=2).encode()))
