@@ -131,8 +131,7 @@ def load(path, keys=('model', 'config')):
     try:
         c = model_config(config)
     except KeyError as e:
-        raise CheckpointError(f"{path}: its config lacks {e}: not written by this train.py") \
-            from None
+        raise CheckpointError(f"{path}: its config lacks {e}: not from this train.py") from None
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
     # the config against the weights, before building anything. The tensor count grows by the same
@@ -147,8 +146,7 @@ def load(path, keys=('model', 'config')):
             raise CheckpointError(f"{path}: {k} is {got} in the file, but its config (n_embed="
                                   f"{c.n_embed}, vocab_size={c.vocab_size}, context_size="
                                   f"{c.context_size}) needs {shape}")
-    bad = nonfinite(sd.items())
-    if bad:
+    if bad := nonfinite(sd.items()):
         raise CheckpointError(f"{path}: {len(bad)} of {len(sd)} weight tensors hold NaN or inf "
                               f"(e.g. {bad[0]}): the run had diverged when this was saved")
     return ckpt, c

@@ -99,10 +99,10 @@ class RunDir:
                         f"train into a new --out_dir=..., or replace it with --overwrite=True")
             print(f"{self.dir} holds a run stopped before its first checkpoint: starting it over",
                   flush=True)
-        stale = ['ckpt_last.pt.tmp', 'ckpt_best.pt.tmp', 'summary.json.tmp']  # a killed run's
-        if scratch:  # the old run goes now, so a kill before the first save mixes nothing
-            stale += ['ckpt_last.pt', 'ckpt_best.pt', 'summary.json', 'log.jsonl']
-        for f in stale:
+        files = ['ckpt_last.pt', 'ckpt_best.pt', 'summary.json']
+        # a killed run's .tmp files; from scratch the old run too, so a kill before the first save
+        # mixes nothing
+        for f in [f + '.tmp' for f in files] + (files + ['log.jsonl'] if scratch else []):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path(f))
         if not scratch and os.path.isfile(log):  # a torn last line would glue onto the next record
