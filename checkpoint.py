@@ -141,8 +141,7 @@ def load(path, keys=('model', 'config')):
         raise CheckpointError(f"{path}: its config (n_layer={c.n_layer}) means {count} weight "
                               f"tensors, the file holds {len(sd)}")
     for k, shape in expected_shapes(c).items():
-        if k not in sd or tuple(sd[k].shape) != shape:
-            got = tuple(sd[k].shape) if k in sd else 'missing'
+        if (got := tuple(sd[k].shape) if k in sd else 'missing') != shape:
             raise CheckpointError(f"{path}: {k} is {got} in the file, but its config (n_embed="
                                   f"{c.n_embed}, vocab_size={c.vocab_size}, context_size="
                                   f"{c.context_size}) needs {shape}")
