@@ -1,8 +1,7 @@
 """
-Checkpoints: the dict train.py saves plus 'checksum', a SHA-256 of the rest. save() writes it
-atomically (as every file of a run: replace()); load() hands it back only after the checks a damaged
-or hostile file could fail, each a one-line CheckpointError: torch.load(weights_only=True), the
-checksum, the config against the tensors' shapes (on the meta device) and finite weights.
+Checkpoints: the dict train.py saves plus 'checksum', a SHA-256 of the rest, written atomically (as
+every file of a run: replace()). load() refuses, in one line, a file a damage or a hand could have
+made (docs/robustness.md).
 """
 import contextlib
 import dataclasses
@@ -45,11 +44,9 @@ def checksum(obj):
 
 def nonfinite(named):
     """The names of the values (numbers or tensors) holding a NaN or an inf; one device sync."""
-    named = [(k, torch.as_tensor(v)) for k, v in named]
-    named = [(k, t) for k, t in named if t.is_floating_point()]
-    flags = [torch.isfinite(t).all() for _, t in named]
-    ok = torch.stack([f.to(flags[0].device) for f in flags]).tolist() if flags else []
-    return [k for (k, _), good in zip(named, ok) if not good]
+    named = [(k, t) for k, v in named if (t := torch.as_tensor(v)).is_floating_point()]
+    flags = [torch.isfinite(t).all().to(named[0][1].device) for _, t in named]
+    return [k for (k, _), ok in zip(named, torch.stack(flags).tolist() if flags else []) if not ok]
 
 
 def write_error(path, e):
@@ -63,9 +60,8 @@ def write_error(path, e):
 
 
 def replace(path, make):
-    """make(tmp) creates path.tmp, then renamed over path: a kill leaves the old file or the new.
-    On a failure (a full disk, an interrupt) path.tmp is removed, so it cannot keep the disk full;
-    an OSError becomes a one-line CheckpointError."""
+    """make(tmp) creates path.tmp, renamed over path: a kill leaves the old file or the new. On a
+    failure path.tmp goes (not to keep a disk full); an OSError becomes a CheckpointError."""
     tmp = path + '.tmp'
     try:
         make(tmp)
@@ -97,8 +93,7 @@ def save(ckpt, path):
 
 
 def link(src, dst):
-    """Make dst the same file as src, atomically: a hard link, else a copy. save() replaces
-    src, never rewrites it, so dst stays a snapshot."""
+    """dst as src, atomically: a hard link (save() replaces src, never rewrites it), else a copy."""
     def make(tmp):
         try:
             os.link(src, tmp)
@@ -121,47 +116,43 @@ def load(path, keys=('model', 'config')):
         raise CheckpointError(f"cannot read {path}: {e.strerror or e}") from None
     except Exception as e:  # unpickling, zip and storage errors all mean the same thing here
         raise CheckpointError(f"cannot read {path}: not a checkpoint written by train.py, or a "
-                              f"damaged one "
-                              f"({type(e).__name__})") from None
-    if not isinstance(ckpt, dict):
-        raise CheckpointError(f"{path} is not a checkpoint written by train.py")
-    missing = [k for k in (*keys, 'checksum') if k not in ckpt]
+                              f"damaged one ({type(e).__name__})") from None
+    missing = [k for k in (*keys, 'checksum') if not isinstance(ckpt, dict) or k not in ckpt]
     if missing:
         raise CheckpointError(f"{path} lacks {', '.join(missing)}: not a complete checkpoint of "
                               f"train.py")
     if ckpt.pop('checksum') != checksum(ckpt):
-        raise CheckpointError(f"{path} is damaged: its contents do not match the checksum stored "
-                              f"in it")
+        raise CheckpointError(f"{path} is damaged: its contents do not match its checksum")
     sd, config = ckpt['model'], ckpt['config']
     if not isinstance(config, dict) or not isinstance(sd, dict) \
             or not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py (no config or "
                               f"weights dict)")
     try:
-        model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS})
+        c = model_config(config)
     except KeyError as e:
-        raise CheckpointError(f"{path}: its config lacks {e}: not written by this train.py") \
-            from None
+        raise CheckpointError(f"{path}: its config lacks {e}: not from this train.py") from None
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
     # the config against the weights, before building anything. The tensor count grows by the same
     # number a layer: a config claiming thousands of layers is refused without building them on meta
-    c = model_config
     one, two = (len(expected_shapes(dataclasses.replace(c, n_layer=n))) for n in (1, 2))
     if (count := one + (c.n_layer - 1) * (two - one)) != len(sd):
         raise CheckpointError(f"{path}: its config (n_layer={c.n_layer}) means {count} weight "
                               f"tensors, the file holds {len(sd)}")
     for k, shape in expected_shapes(c).items():
-        if k not in sd or tuple(sd[k].shape) != shape:
-            got = tuple(sd[k].shape) if k in sd else 'missing'
+        if (got := tuple(sd[k].shape) if k in sd else 'missing') != shape:
             raise CheckpointError(f"{path}: {k} is {got} in the file, but its config (n_embed="
                                   f"{c.n_embed}, vocab_size={c.vocab_size}, context_size="
                                   f"{c.context_size}) needs {shape}")
-    bad = nonfinite(sd.items())
-    if bad:
+    if bad := nonfinite(sd.items()):
         raise CheckpointError(f"{path}: {len(bad)} of {len(sd)} weight tensors hold NaN or inf "
                               f"(e.g. {bad[0]}): the run had diverged when this was saved")
-    return ckpt, model_config
+    return ckpt, c
+
+
+def model_config(config):
+    return ModelConfig(**{k: config[k] for k in MODEL_KEYS})
 
 
 def resume_config(out_dir, defaults, argv):
@@ -179,8 +170,7 @@ def resume_config(out_dir, defaults, argv):
                               for k, v in ckpt['config'].items() if k in defaults})
     config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
     try:  # compare the models, not the spelling: n_decoder_layer=None and =n_layer are one model
-        same = (ModelConfig(**{k: saved[k] for k in MODEL_KEYS})
-                == ModelConfig(**{k: config[k] for k in MODEL_KEYS}))
+        same = model_config(saved) == model_config(config)
     except (ValueError, TypeError):
         same = False  # a value the model refuses: the check below names the key
     for k in MODEL_KEYS:

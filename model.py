@@ -68,28 +68,23 @@ class ModelConfig:
             if self.arch == "gpt" and f.name in AED_ONLY and value != f.default:
                 raise ValueError(f"{f.name} is an AED option: it must stay {f.default!r} "
                                  f"when arch is 'gpt'")
-        if self.arch == "aed":  # None means the default
-            if self.n_decoder_layer is None:
-                self.n_decoder_layer = self.n_layer
-            if self.cross_attn_n_head is None:
-                self.cross_attn_n_head = 2 * self.n_head
-            if self.cross_attn_use_bias is None:
-                self.cross_attn_use_bias = self.use_bias
-        for name in ("vocab_size", "vocab_pad_multiple", "context_size", "n_embed", "n_layer",
-                     "n_head", "n_decoder_layer", "cross_attn_n_head"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("n_head", "cross_attn_n_head"):
-            if getattr(self, name) is not None and self.n_embed % getattr(self, name):
-                raise ValueError(f"n_embed ({self.n_embed}) must be divisible by {name} "
-                                 f"({getattr(self, name)})")
+            if int in allowed and value is not None and value < 1:  # every int is a count
+                raise ValueError(f"{f.name} must be >= 1, got {value}")
+            if f.name in EMBEDDING_LOSS_DEFAULTS and value is not None \
+                    and self.embedding_loss_type == "NONE":
+                raise ValueError(f"{f.name} is set but embedding_loss_type is NONE")
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
-        for name, default in EMBEDDING_LOSS_DEFAULTS.items():  # (None on the GPT: checked above)
-            if self.embedding_loss_type == "NONE" and getattr(self, name) is not None:
-                raise ValueError(f"{name} is set but embedding_loss_type is NONE")
-            if self.embedding_loss_type != "NONE" and getattr(self, name) is None:
+        defaults = dict(EMBEDDING_LOSS_DEFAULTS) if self.embedding_loss_type != "NONE" else {}
+        if self.arch == "aed":
+            defaults.update(n_decoder_layer=self.n_layer, cross_attn_n_head=2 * self.n_head,
+                            cross_attn_use_bias=self.use_bias)
+        for name, default in defaults.items():  # None means the default
+            if getattr(self, name) is None:
                 setattr(self, name, default)
+        for name in ("n_head", "cross_attn_n_head"):
+            if (heads := getattr(self, name)) and self.n_embed % heads:
+                raise ValueError(f"n_embed ({self.n_embed}) must be divisible by {name} ({heads})")
 
 
 AED_ONLY = ("n_decoder_layer", "cross_attn_n_head", "cross_attn_use_bias", "order_type",
@@ -180,11 +175,10 @@ class KVCache:
 
     def update(self, layer_idx, pos, k, v):
         # k, v: (B, nh, T, hs) at pos (T,) -> buffers (B, nh, context_size, hs), mask (T, context)
-        if self.k[layer_idx] is None:  # zeros: a masked slot weighs 0, and 0 * NaN garbage is NaN
-            self.k[layer_idx] = k.new_zeros(*k.shape[:2], self.context_size, k.size(3))
-            self.v[layer_idx] = v.new_zeros(*v.shape[:2], self.context_size, v.size(3))
-        self.k[layer_idx].index_copy_(2, pos, k)
-        self.v[layer_idx].index_copy_(2, pos, v)
+        for buffers, new in ((self.k, k), (self.v, v)):
+            if buffers[layer_idx] is None:  # zeros: a masked slot weighs 0, but 0 * NaN is NaN
+                buffers[layer_idx] = new.new_zeros(*new.shape[:2], self.context_size, new.size(3))
+            buffers[layer_idx].index_copy_(2, pos, new)
         mask = pos.view(-1, 1) >= torch.arange(self.context_size, device=pos.device)
         return self.k[layer_idx], self.v[layer_idx], mask
 
@@ -204,15 +198,14 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])  # the AED's encoder
         self.decoder_blocks = None
         if aed:
-            bridge_ln = c.add_ln_before_decoder_ff
-            self.ln_bridge = nn.LayerNorm(C, bias=c.use_bias) if bridge_ln else None
+            self.ln_bridge = (nn.LayerNorm(C, bias=c.use_bias) if c.add_ln_before_decoder_ff
+                              else None)
             self.bridge = nn.Linear(C, C, bias=c.use_bias)  # "the linear pass" to the decoder
             self.decoder_blocks = nn.ModuleList([Block(c, cross_attn=True)
                                                  for _ in range(c.n_decoder_layer)])
         # here, before the loss LayerNorms: a saved optimizer state follows the parameters' order
-        self.ln_post = None
-        if c.sub_pos_embed_to_decoder == "YES_LN":
-            self.ln_post = nn.LayerNorm(C, bias=c.use_bias)
+        yes_ln = c.sub_pos_embed_to_decoder == "YES_LN"
+        self.ln_post = nn.LayerNorm(C, bias=c.use_bias) if yes_ln else None
         if aed:  # the loss LayerNorms have a bias (or no affine part at all); no loss, none of them
             on, affine = c.embedding_loss_type != "NONE", bool(c.embedding_ln_affine)
             ln = lambda: nn.LayerNorm(C, elementwise_affine=affine)  # noqa: E731
@@ -305,10 +298,8 @@ class Transformer(nn.Module):
         the encoder output enc. affine=False leaves out the loss LayerNorms' weights and biases."""
         E = E.detach() if self.config.detach_type == "EMBEDDING" else E
         enc = enc.detach() if self.config.detach_type == "ENCODER_OUT" else enc
-        if affine:
-            ln = lambda m, x: m(x)  # noqa: E731
-        else:
-            ln = lambda m, x: F.layer_norm(x, x.shape[-1:], eps=m.eps)  # noqa: E731
+        ln = (lambda m, x: m(x)) if affine else (
+            lambda m, x: F.layer_norm(x, x.shape[-1:], eps=m.eps))
         if self.ln_b is not None:
             enc = ln(self.ln_b, enc)
         if self.config.embedding_ln_type == "INIT":  # before averaging: positions weigh unevenly

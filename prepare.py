@@ -5,11 +5,9 @@ $ python prepare.py                               # default: 10,033 English Wiki
 $ python prepare.py --input=wiki.txt --name=wiki  # any UTF-8 text (.gz/.bz2/.xz), or an http(s) URL
 $ python prepare.py --tokenizer=bytes             # UTF-8 bytes as ids 0-255 -> data/wikipedia_bytes
 
-The first 90% of the characters go to train, the rest to val, each encoded on its own.
-"<|endoftext|>" separates documents and becomes the eot token (50256; bytes: 0); the split then
-moves on to the end of its document. With --no-eot it is plain text: the bins are tiktoken's
-encode_ordinary(text[:int(0.9 * n)]) and encode_ordinary(text[int(0.9 * n):]). The text is streamed:
-memory stays bounded (docs/data.md).
+The first 90% of the characters go to train, moved on to the end of its document where
+"<|endoftext|>" separates them (the eot token); the rest to val. With --no-eot: plain text, the
+author's split. The text is streamed (docs/data.md).
 """
 
 import array
@@ -73,16 +71,22 @@ def read_text(path):
         raise PrepareError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-def scan(path):
-    """First pass: (characters, end of the last EOT or -1, any non-whitespace)."""
+def scan(path, log=lambda msg: None):
+    """First pass: (characters, end of the last EOT or -1). Logs the plan once it meets text, so an
+    empty, binary or unreadable file is told alone."""
     n_chars, last_eot_end, nonblank, tail = 0, -1, False, ""
     for text in read_text(path):
         t = tail + text  # an EOT may straddle two blocks
         if (i := t.rfind(EOT)) >= 0:
             last_eot_end = n_chars - len(tail) + i + len(EOT)
         tail, n_chars = t[-(len(EOT) - 1):], n_chars + len(text)
-        nonblank = nonblank or not text.isspace()
-    return n_chars, last_eot_end, nonblank
+        if not nonblank and text.strip():
+            nonblank = True
+            log(f"reading {path} twice: counting characters, then encoding them on "
+                f"{os.cpu_count()} threads")
+    if not nonblank:
+        raise PrepareError(f"{path} is empty (no text)")
+    return n_chars, last_eot_end
 
 
 def clean_cut(text, limit):
@@ -158,34 +162,33 @@ def wikipedia_text():
         with open(json_path, encoding="utf-8") as f:
             articles = list(json.load(f).values())  # {title: {"title", "extract", ...}}
         articles.sort(key=lambda a: hashlib.sha256(a["title"].encode()).digest())
-        with open(f"{txt_path}.{os.getpid()}.tmp", "w", encoding="utf-8", newline="") as f:
+        with open(tmp := f"{txt_path}.{os.getpid()}.tmp", "w", encoding="utf-8", newline="") as f:
             f.write(EOT.join(a["extract"].strip() for a in articles))
-        os.replace(f"{txt_path}.{os.getpid()}.tmp", txt_path)
+        os.replace(tmp, txt_path)
     return txt_path
 
 
 def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, min_tokens=1025,
             log=print, tokenizer="gpt2"):
-    """Write data_dir/name/{train.bin, val.bin, meta.json}; returns the metadata. input=None is the
+    """Write data_dir/name/{train.bin, val.bin, meta.json}; returns the metadata. No input: the
     default Wikipedia corpus. Raises PrepareError (or FetchError) with a one-line message."""
     if tokenizer not in ("gpt2", "bytes"):
         raise PrepareError(f"--tokenizer must be 'gpt2' or 'bytes', got {tokenizer!r}")
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     url = input if re.match(r"https?://", input or "") else None
-    if input is not None and not url and not os.path.exists(input):
+    if input and not url and not os.path.exists(input):
         raise PrepareError(f"input not found: {input}")
     if not name:
-        name = "wikipedia" if input is None else re.sub(r"(\.(txt|gz|bz2|xz))+$", "",
+        name = "wikipedia" if not input else re.sub(r"(\.(txt|gz|bz2|xz))+$", "",
                                                          os.path.basename(input))
         name += "_bytes" if tokenizer == "bytes" else ""
     if not re.fullmatch(r"[\w.-]+", name) or name in (".", ".."):
         raise PrepareError(f"--name must be letters, digits, '_', '-' or '.', got {name!r}")
     out, t0 = os.path.join(data_dir, name), time.time()
-    final = {k: os.path.join(out, k) for k in ("train.bin", "val.bin", "meta.json")}
-    tmp = {k: f"{v}.{os.getpid()}.tmp" for k, v in final.items()}  # never taken for finished bins
-    if url:  # spooled to a file first: it is read twice
-        input = tmp["url"] = os.path.join(out, f"input.{os.getpid()}.tmp")
+    tmp = {k: os.path.join(out, f"{k}.{os.getpid()}.tmp")  # never taken for finished bins
+           for k in ("train.bin", "val.bin", "meta.json", "input")}
+    input = tmp["input"] if url else input  # a URL is spooled to a file first: it is read twice
     os.makedirs(out, exist_ok=True)
     for f in os.listdir(out):  # remove the temporary files of killed runs: those whose pid is gone
         try:
@@ -204,15 +207,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
                 why = getattr(e, 'reason', None) or e
                 raise PrepareError(f"cannot fetch {url}: {why}") from None
         path = input or wikipedia_text()
-        blocks = read_text(path)  # a directory, an empty or a binary file: the error alone
-        if not next(blocks, "").strip() and next(blocks, None) is None:
-            raise PrepareError(f"{path} is empty (no text)")
-        blocks.close()
-        log(f"reading {path} twice: counting characters, then encoding them on {os.cpu_count()} "
-            f"threads")
-        n_chars, last_eot_end, nonblank = scan(path)
-        if not nonblank:
-            raise PrepareError(f"{path} is empty (no text)")
+        n_chars, last_eot_end = scan(path, log)
         split_at = int(n_chars * (1 - val_fraction))  # text[:int(n * 0.9)]
         at_eot = eot and last_eot_end > split_at
         with open(tmp["train.bin"], "wb") as f_train, open(tmp["val.bin"], "wb") as f_val:
@@ -231,10 +226,10 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         with open(tmp["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
         for k in ("meta.json", "train.bin", "val.bin"):  # old outputs go first: never a mixed pair
-            if os.path.exists(final[k]):
-                os.remove(final[k])
+            if os.path.exists(os.path.join(out, k)):
+                os.remove(os.path.join(out, k))
         for k in ("val.bin", "train.bin", "meta.json"):
-            os.replace(tmp[k], final[k])
+            os.replace(tmp[k], os.path.join(out, k))
     finally:
         for p in tmp.values():
             if os.path.exists(p):
@@ -270,8 +265,7 @@ def main(argv=sys.argv[1:]):
             die(f"unexpected argument '{arg}': options are --key=value (e.g. --input={arg})")
     try:
         o = load_config(OPTIONS, argv, sources=[__file__])
-        prepare(o["input"] or None, o["name"] or None, o["data_dir"], o["eot"], o["val_fraction"],
-                o["min_tokens"], log=lambda msg: print(msg, flush=True), tokenizer=o["tokenizer"])
+        prepare(**o, log=lambda msg: print(msg, flush=True))
     except (ConfigError, PrepareError, FetchError) as e:
         die(e)
     except OSError as e:  # input errors are PrepareErrors already: this is the output (disk full)

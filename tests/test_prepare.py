@@ -161,7 +161,7 @@ def test_pieces_encode_like_whole_text(tmp_path, monkeypatch, enc):
         text = "".join(rng.choice(WORDS + [" ", "\n\n\n", "   ", EOT]) for _ in range(300))
         path = write(tmp_path / "f.txt", text)
         for eot in (False, True):
-            n, last_eot_end, _ = prepare.scan(path)
+            n, last_eot_end = prepare.scan(path)
             split_at = int(0.9 * n)
             ps = list(prepare.pieces(prepare.read_text(path), split_at,
                                      eot and last_eot_end > split_at))
