@@ -235,7 +235,7 @@ if master:  # the header first: a slow start (compiling, a config too big) is ne
           f"{data_path} | {world_size} process(es), {device}, {dtype}, "
           f"compile {compile_mode if compile else 'off'}"
           f"{f' | {gpu}, MFU of 989 TFLOP/s' if gpu else ''}")
-    if device_type == 'cpu' and start_step < train_steps and flops_per_step > 1e12:  # before compiling
+    if device_type == 'cpu' and start_step < train_steps and flops_per_step > 1e12:
         print(f"warning: {flops_per_step / 1e12:.1f} TFLOP a step is too big for a CPU, where a "
               f"CPU preset's 0.034 take ~0.5 s (config/cpu_aed_mse_possub.py, "
               f"config/cpu_baseline.py)", file=sys.stderr)
