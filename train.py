@@ -133,7 +133,8 @@ if ddp:
 tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all ranks together
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')  # TF32 matmuls
-autocast = torch.autocast(device_type, getattr(torch, dtype), enabled=dtype != 'float32')
+autocast = (nullcontext() if dtype == 'float32'  # (a disabled autocast still sets its dtype)
+            else torch.autocast(device_type, getattr(torch, dtype)))
 
 # data: each split's memmap is opened once; batches are random offsets, with replacement
 data_path = os.path.join(data_dir, dataset)
