@@ -1,10 +1,11 @@
 """
-The config parser of train.py, sample.py, bench.py, prepare.py and report.py (docs/training.md):
-config files are plain Python, --key=value wins, types are checked against the defaults, and a
-mistake is one line (ConfigError, die). Also here: the one-line stop on a signal.
+The scripts' config parser (docs/training.md, Configs): config files are plain Python, --key=value
+wins, types are checked against the defaults, a mistake is one line. And the one-line stop on a
+signal or a lost DDP rank (docs/robustness.md).
 """
 import ast
 import difflib
+import glob
 import os
 import re
 import signal
@@ -18,39 +19,54 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
 NANOGPT_NAMES = {"max_iters": "train_steps", "block_size": "context_size", "learning_rate": "lr",
                  "eval_interval": "est_interval", "eval_iters": "est_steps", "n_embd": "n_embed",
                  "dropout": "dropout_rate", "bias": "use_bias"}
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class ConfigError(Exception):
     pass
 
 
+def say(line, file=None):
+    if int(os.environ.get("RANK", 0)) == 0:  # rank 0 only: all ranks err alike
+        print(line, file=file or sys.stderr, flush=True)
+
+
 def die(msg, status=1):
-    """One line on stderr (rank 0 only: all ranks err alike), exit status, no traceback."""
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"error: {msg}", file=sys.stderr, flush=True)
+    """One line on stderr, exit status, no traceback."""
+    say(f"error: {msg}")
     sys.exit(status)
 
 
-_run = None  # what a signal's line names: the RunDir train.py hands catch_signals
+def stop(signum, line):
+    """line on stderr, then exit 128 + signum, even if the write fails (`| tee`)."""
+    try:
+        say(line)
+    finally:
+        os._exit(128 + signum)
+
+
+_run = None  # train.py's RunDir: what a signal's line names
 _pipe = None  # where Python's C-level signal handler writes the signal's number
 _starting = threading.Lock()  # what a signal takes before there is a RunDir
 
 
 def catch_signals(run=None):
-    """Ctrl-C or SIGTERM at any moment, even inside a torch op of minutes, ends the process with
-    one line and exit status 128 + signal (docs/robustness.md). run: train.py's RunDir, once it
-    has one: the line names its step and last save, and a save under way finishes first."""
+    """Ctrl-C or SIGTERM, even in a torch op of minutes, ends the process with one line, exit status
+    128 + signal; with train.py's RunDir run, after a save under way, naming the step and save. So
+    does a lost DDP rank (exit status 1)."""
     global _pipe, _run
     _run = run
-    first = _pipe is None  # the thread: once per process
+    if run and os.environ.get("RANK"):
+        sys.excepthook = _lost_rank
+    first = _pipe is None  # the thread: once per process, started once the handlers are in place
     if first and os.environ.get("RANK") and sys.platform == "linux":  # dies with torchrun
         import ctypes
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
     if first:
         _pipe = os.pipe()
         os.set_blocking(_pipe[1], False)
-    for sig in (signal.SIGINT, signal.SIGTERM):  # the main thread stops too, at its next bytecode:
-        # before it could die writing to a pipe that the same Ctrl-C closed (`| tee log`)
+    for sig in SIGNALS:  # the main thread stops too, at its next bytecode: before it could die
+        # writing to a pipe that the same Ctrl-C closed (`| tee log`)
         signal.signal(sig, lambda signum, frame: _stop(signum, wait=False))
     signal.set_wakeup_fd(_pipe[1])
     if first:
@@ -58,68 +74,65 @@ def catch_signals(run=None):
 
 
 def _stop_on_signal():
-    while (signum := os.read(_pipe[0], 1)[0]) not in (signal.SIGINT, signal.SIGTERM):
+    while (signum := os.read(_pipe[0], 1)[0]) not in SIGNALS:
         pass
     _stop(signum)
 
 
-def _stop(signum, wait=True):
-    # a save under way finishes first: the thread waits for it (the main thread, saving, goes on)
+def _stop(signum, wait=True):  # after a save under way (the main thread, saving, goes on)
     run = _run
     if (run.saving if run else _starting).acquire(wait):
         where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
         stop(signum, f"error: interrupted by {signal.Signals(signum).name} {where}")
 
 
-def stop(signum, line):
-    """line on stderr (rank 0), then exit 128 + signum, even if the write fails (`| tee`)."""
-    try:
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(line, file=sys.stderr, flush=True)
-    finally:
-        os._exit(128 + signum)
+def _lost_rank(kind, e, tb):  # a rank killed (kill -9, OOM): the others' collectives fail
+    import torch.distributed as dist
+    if not (isinstance(e, dist.DistError) or "gloo" in str(e) or "NCCL" in str(e)):
+        return sys.__excepthook__(kind, e, tb)
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    with _run.saving:  # one line: the signal torchrun sends next finds the lock taken
+        lost = f"rank {1 - rank}" if n == 2 else "a rank"
+        saved = _run.last_saved(advice=False) if rank == 0 else f"out_dir is {_run.dir}"
+        # __stderr__: init_process_group wraps this hook in one that buffers sys.stderr
+        print(f"error: rank {rank}: DDP lost {lost} at step {_run.step}; {saved}: continue with "
+              f"the same torchrun command and --init_from=resume", file=sys.__stderr__, flush=True)
+        os._exit(1)
 
 
 def interrupt_on_signals():
-    """For scripts of short ops (prepare.py, sample.py): Ctrl-C and SIGTERM raise
-    KeyboardInterrupt(signum) (also where SIGINT started out ignored); later ones are ignored."""
+    """For scripts of short ops: the first Ctrl-C or SIGTERM raises KeyboardInterrupt(signum), even
+    where SIGINT started out ignored (`cmd &` in a script)."""
     def interrupt(signum, frame):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt(signum)
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in SIGNALS:
         signal.signal(sig, interrupt)
 
 
 def first_line(e):
     """An exception as one line: its type and the first line of its message."""
-    s = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {s[0] if s else ''}"
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
 def unknown_key_error(key, keys, where):
     if NANOGPT_NAMES.get(key) in keys:
-        return ConfigError(f"unknown config key '{key}' {where}: nanoGPT's {key} is "
-                           f"{NANOGPT_NAMES[key]} here")
-    near = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.0)  # always one, however far
-    return ConfigError(f"unknown config key '{key}' {where}"
-                       + (f" (did you mean '{near[0]}'?)" if near else ""))
+        hint = f": nanoGPT's {key} is {NANOGPT_NAMES[key]} here"
+    else:  # always one, however far
+        hint = f" (did you mean '{difflib.get_close_matches(key, list(keys), 1, 0.0)[0]}'?)"
+    return ConfigError(f"unknown config key '{key}' {where}{hint}")
 
 
 def check_type(key, value, default, where):
     """Return value converted to the default's type, or raise ConfigError."""
-    if default is None:
-        if isinstance(value, NONE_OK):
-            return value
-        raise ConfigError(f"{key} {where}: expected None, bool, int, float or str, "
-                          f"got {type(value).__name__} {value!r}")
-    want = type(default)
-    if want is float and isinstance(value, int) and not isinstance(value, bool):
+    want = NONE_OK if default is None else type(default)
+    if want is float and type(value) is int:
         return float(value)  # ints are fine for floats: lr=1 means 1.0
     if isinstance(value, want) and not (want is int and isinstance(value, bool)):  # not True for 1
         return value
-    raise ConfigError(f"{key} {where}: expected {want.__name__}, got {type(value).__name__} "
-                      f"{value!r}")
+    names = "None, bool, int, float or str" if default is None else want.__name__
+    raise ConfigError(f"{key} {where}: expected {names}, got {type(value).__name__} {value!r}")
 
 
 def parse_value(raw, default):
@@ -134,9 +147,9 @@ def parse_value(raw, default):
     return raw if isinstance(default, str) and not isinstance(value, str) else value
 
 
-def check_config_files(argv=None):
-    """A config file of argv that is not a file: one line, before train.py's `import torch`."""
-    for arg in sys.argv[1:] if argv is None else argv:
+def check_config_files():
+    """A config file on the command line that is not a file: one line, before `import torch`."""
+    for arg in sys.argv[1:]:
         if not arg.startswith("-") and not os.path.isfile(arg):
             die(not_a_config_file(arg))
 
@@ -144,15 +157,14 @@ def check_config_files(argv=None):
 def not_a_config_file(path):
     """The ConfigError for a path that is not a file: a folder's configs, or the nearest file."""
     if os.path.isdir(path):
-        configs = sorted(f for f in os.listdir(path) if f.endswith(".py"))
+        configs = sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.py")))
         return ConfigError(f"{path} is a folder, not a config file; its configs: "
                            f"{', '.join(configs) or 'none'}")
     name = os.path.basename(path) + ("" if path.endswith(".py") else ".py")
-    files = {}
-    for folder in (os.path.dirname(path), os.path.relpath(CONFIG_DIR)):
-        for f in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
-            if f.endswith(".py"):
-                files.setdefault(f, os.path.join(folder, f))
+    files = {}  # the path's folder first, then config/
+    for folder in filter(None, (os.path.dirname(path), os.path.relpath(CONFIG_DIR))):
+        for f in sorted(glob.glob(os.path.join(folder, "*.py"))):
+            files.setdefault(os.path.basename(f), f)
     near = difflib.get_close_matches(name, list(files), n=1)
     hint = f" (did you mean {files[near[0]]}?)" if near else ""
     return ConfigError(f"config file not found: {path}{hint}")
@@ -162,8 +174,6 @@ def read_config_file(path, defaults, depth=0):
     """Run a config file in a fresh namespace: the {key: value} it set, type-checked."""
     if not os.path.isfile(path):
         raise not_a_config_file(path)
-    with open(path, encoding="utf-8") as f:
-        source = f.read()
 
     def include(name):  # sets the other file's keys here; its path is relative to this file's
         other = os.path.join(os.path.dirname(path), name)
@@ -176,7 +186,8 @@ def read_config_file(path, defaults, depth=0):
 
     namespace = {"include": include}
     try:
-        exec(compile(source, path, "exec"), namespace)
+        with open(path, encoding="utf-8") as f:
+            exec(compile(f.read(), path, "exec"), namespace)
     except ConfigError:
         raise  # from an include: it names its file already
     except SyntaxError as e:
@@ -184,8 +195,7 @@ def read_config_file(path, defaults, depth=0):
     except Exception as e:  # a config file that raises is bad input, not a crash
         raise ConfigError(f"{path}: {type(e).__name__}: {e}") from None
     values = {}
-    for name, value in namespace.items():
-        # skip dunders (exec adds __builtins__), _private helpers, modules and include itself
+    for name, value in namespace.items():  # not __builtins__, _helpers, modules nor include
         if name.startswith("_") or isinstance(value, types.ModuleType) or value is include:
             continue
         if name not in defaults:
@@ -198,8 +208,7 @@ def load_config(defaults, argv, base=None, sources=None):
     """Apply argv's config files and --key=value, in order, to a copy of base (default: defaults).
     -h or --help: print help_text(defaults, sources) and exit 0."""
     if "-h" in argv or "--help" in argv:
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(help_text(defaults, sources or [sys.modules["__main__"].__file__]), flush=True)
+        say(help_text(defaults, sources or [sys.modules["__main__"].__file__]), sys.stdout)
         sys.exit(0)
     config = dict(defaults if base is None else base)
     for arg in argv:
@@ -221,8 +230,8 @@ def load_config(defaults, argv, base=None, sources=None):
             raise ConfigError(f"expected --{key}=value, got '{arg}' (only a boolean key can stand "
                               f"alone)")
         else:
-            value = parse_value(raw, defaults[key])
-            config[key] = check_type(key, value, defaults[key], f"(from {arg})")
+            config[key] = check_type(key, parse_value(raw, defaults[key]), defaults[key],
+                                     f"(from {arg})")
     return config
 
 
@@ -237,10 +246,10 @@ def key_comments(path):
 
 
 def help_text(defaults, sources):
-    """The first source's docstring, then every key with its default and the comment beside it."""
+    """The first source's docstring, then every key, its default and its comment (the first
+    source's, else a later one's)."""
     with open(sources[0], encoding="utf-8") as f:
         doc = ast.get_docstring(ast.parse(f.read()), clean=False) or ""
-    # the first source wins
     comments = {k: v for path in reversed(sources) for k, v in key_comments(path).items()}
     lines = [doc.strip("\n"), "",
              "Keys and their defaults (--key=value; a boolean key alone means True, --no-key "
@@ -265,11 +274,9 @@ def resolve_device(device, dtype):
     import torch  # here, after the checks: prepare.py and report.py never need it
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device_type = "cuda" if device.startswith("cuda") else device.split(":")[0]
+    device_type = device.split(":")[0]
     if device_type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device cuda asked for, but torch sees no CUDA GPU (use --device=cpu)")
-    if dtype == "auto":
-        dtype = "float32"
-        if device_type == "cuda":
-            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    return device, device_type, dtype
+    if dtype == "auto" and device_type == "cuda":
+        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return device, device_type, "float32" if dtype == "auto" else dtype

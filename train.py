@@ -54,8 +54,7 @@ dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.
 train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it)
 batch_size = 50        # sequences per micro-step per process
 gradient_accumulation_steps = 16  # micro-steps per optimizer step, in total: split across DDP ranks
-micro_batch = 200      # at most this many sequences a forward (0: batch_size): the same ones,
-                       # in the fewest equal forwards a process (the author's 800: 4 of 200)
+micro_batch = 200      # at most this many sequences a forward (0: batch_size), fewest forwards
 # model: every field of model.py's ModelConfig is a key too (arch, vocab_size, context_size, ...)
 # AdamW optimizer
 lr = 9e-4              # peak learning rate
@@ -69,19 +68,17 @@ decay_lr = True        # False: lr constant (no warm-up either)
 warmup_iters = 300
 lr_decay_iters = 700000  # cosine decay to min_lr by here: ~constant over 9k steps (the author's)
 min_lr = 9e-5
-# DDP
+# DDP and system
 ddp_timeout = 600      # seconds a DDP rank waits in a collective before the run stops
-# system
 device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere)
 compile = True         # torch.compile the model (the CPU presets turn it off: docs/performance.md)
-compile_mode = 'auto'  # auto: reduce-overhead (CUDA graphs) on one CUDA device without DDP, else
-                       # default; or max-autotune-no-cudagraphs, max-autotune
+compile_mode = 'auto'  # 'auto': reduce-overhead on one CUDA device without DDP, else default
 seed = 1337            # the init, the batches and dropout all follow from it
 DEFAULTS = {**collect_defaults(globals()),
             **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
 # -----------------------------------------------------------------------------
-try:  # --help lists every key with the comment beside it here or in model.py's ModelConfig
+try:  # --help lists every key with its comment here or in model.py's ModelConfig
     config = load_config(DEFAULTS, sys.argv[1:], sources=[__file__, sys.modules['model'].__file__])
     ckpt, changes = None, []
     if config['init_from'] == 'resume':  # the run's own config, and what this command changes in it
@@ -93,49 +90,37 @@ except (ConfigError, CheckpointError) as e:
     die(e)
 except (ValueError, TypeError) as e:
     die(f"model config: {e}")
-# what the type check cannot catch (a negative min_lr is gradient ascent)
-if init_from not in ('scratch', 'resume'):
-    die(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
-if not out_dir:
-    die("out_dir must not be empty (it is where the checkpoints and the log go)")
-for k in ('batch_size', 'gradient_accumulation_steps', 'est_interval', 'est_steps', 'log_interval',
-          'lr', 'ddp_timeout'):
-    if not config[k] > 0:
-        die(f"{k} must be > 0, got {config[k]}")
-for k in ('train_steps', 'save_interval', 'seed', 'warmup_iters', 'train_tokens', 'min_lr',
-          'weight_decay', 'grad_clip', 'micro_batch'):
-    if config[k] < 0:
-        die(f"{k} must be >= 0, got {config[k]}")
-for k in ('beta1', 'beta2'):
-    if not 0 <= config[k] < 1:
-        die(f"{k} must be in [0, 1), got {config[k]}")
-if decay_lr and lr_decay_iters <= warmup_iters:
-    die(f"lr_decay_iters ({lr_decay_iters}) must be > warmup_iters ({warmup_iters})")
-
-ddp = int(os.environ.get('RANK', -1)) != -1  # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
-rank, local_rank, world_size = 0, 0, 1
-if ddp:
-    rank, local_rank = int(os.environ['RANK']), int(os.environ['LOCAL_RANK'])
-    world_size = int(os.environ['WORLD_SIZE'])
+ddp = 'RANK' in os.environ  # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
+rank, local_rank, world_size = (int(os.environ.get(k, default)) for k, default in
+                                (('RANK', 0), ('LOCAL_RANK', 0), ('WORLD_SIZE', 1)))
 master = rank == 0  # rank 0 logs, estimates and saves
-if gradient_accumulation_steps % world_size:
-    die(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be divisible by the "
-        f"number of processes ({world_size}); e.g. divide batch_size and multiply "
-        f"gradient_accumulation_steps by the same factor")
+modes = ('auto', 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune')
+for keys, rule, ok in [  # what the type check cannot catch (a negative min_lr is gradient ascent)
+        ('init_from', "be 'scratch' or 'resume'", lambda v: v in ('scratch', 'resume')),
+        ('compile_mode', f"be one of {', '.join(modes)}", lambda v: v in modes),
+        ('out_dir', 'not be empty', bool),
+        ('lr batch_size gradient_accumulation_steps est_interval est_steps log_interval '
+         'ddp_timeout', 'be > 0', lambda v: v > 0),
+        ('train_steps save_interval seed warmup_iters train_tokens min_lr weight_decay grad_clip '
+         'micro_batch', 'be >= 0', lambda v: v >= 0),
+        ('beta1 beta2', 'be in [0, 1)', lambda v: 0 <= v < 1),
+        ('lr_decay_iters', 'be > warmup_iters', lambda v: not decay_lr or v > warmup_iters),
+        ('gradient_accumulation_steps', f'be divisible by the number of processes ({world_size})',
+         lambda v: v % world_size == 0)]:
+    for k in keys.split():
+        if not ok(config[k]):
+            die(f"{k} must {rule}, got {config[k]!r}")
 rank_rows = gradient_accumulation_steps // world_size * batch_size  # a step's sequences per rank
 micro_steps = next(n for n in range(1, rank_rows + 1)  # forwards a step, per rank
                    if rank_rows % n == 0 and rank_rows // n <= (micro_batch or batch_size))
 micro_batch = rank_rows // micro_steps
-modes = ('auto', 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune')
-if compile_mode not in modes:
-    die(f"compile_mode must be one of {', '.join(modes)}, got {compile_mode!r}")
 if compile_mode == 'auto':  # CUDA graphs: ~3x faster steps for the author's (docs/gpu.md)
     compile_mode = 'reduce-overhead' if device_type == 'cuda' and not ddp else 'default'
 graphs = compile and compile_mode in ('reduce-overhead', 'max-autotune')  # CUDA graphs
 if graphs and (device_type != 'cuda' or ddp):
     die(f"compile_mode {compile_mode} uses CUDA graphs: on one CUDA device without DDP only")
 run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
-catch_signals(run)  # a signal now waits for a save under way and names the last one
+catch_signals(run)  # a signal or a lost DDP rank now waits for a save under way, names the last
 if ddp:
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
@@ -145,28 +130,16 @@ if ddp:
                                 timeout=timedelta(seconds=ddp_timeout))
     except dist.DistError as e:
         die(f"DDP start-up failed on rank {rank}: {first_line(e)}")
-
-    def lost_rank(kind, e, tb):  # a rank killed (kill -9, OOM): the others' collectives fail
-        if not (isinstance(e, dist.DistError) or 'gloo' in str(e) or 'NCCL' in str(e)):
-            return sys.__excepthook__(kind, e, tb)
-        with run.saving:  # one line: the signal torchrun sends next finds the lock taken
-            lost = f"rank {1 - rank}" if world_size == 2 else "a rank"
-            saved = run.last_saved(advice=False) if master else f"out_dir is {out_dir}"
-            print(f"error: rank {rank}: DDP lost {lost} at step {run.step}; {saved}: continue with "
-                  f"the same torchrun command and --init_from=resume", file=sys.stderr)
-            os._exit(1)
-    sys.excepthook = lost_rank
 tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all ranks together
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')  # TF32 matmuls
-autocast = nullcontext()
-if dtype != 'float32':
-    autocast = torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+autocast = (nullcontext() if dtype == 'float32'  # (a disabled autocast still sets its dtype)
+            else torch.autocast(device_type, getattr(torch, dtype)))
 
 # data: each split's memmap is opened once; batches are random offsets, with replacement
-def open_split(split, limit=0):
-    # limit > 0: the first `limit` tokens only (train_tokens); nothing past them is read
-    path = os.path.join(data_dir, dataset, f'{split}.bin')
+data_path = os.path.join(data_dir, dataset)
+def open_split(split, limit=0):  # limit > 0: the first `limit` tokens only, none past them
+    path = os.path.join(data_path, f'{split}.bin')
     if not os.path.isfile(path):  # how to make it, and the datasets data_dir holds
         held = sorted(os.listdir(data_dir)) if os.path.isdir(data_dir) else []
         held = [d for d in held if os.path.isfile(os.path.join(data_dir, d, 'train.bin'))]
@@ -176,23 +149,20 @@ def open_split(split, limit=0):
             f"({data_dir} holds: {', '.join(held) or 'no dataset'})")
     size = os.path.getsize(path)
     if size % 2:
-        die(f"{path} has an odd number of bytes ({size}): not a file of uint16 token ids, "
-            f"or a truncated one")
+        die(f"{path} has an odd number of bytes ({size}): not uint16 token ids, or truncated")
     if size < 2 * (context_size + 2):
-        die(f"{path} has {size // 2} tokens, fewer than context_size + 2 = {context_size + 2}")
+        die(f"{path} has {size // 2} tokens, fewer than context_size + 2")
     if limit > size // 2:
         die(f"train_tokens ({limit:,}) is more than {path} holds ({size // 2:,})")
     if limit and limit < context_size + 2:
-        die(f"train_tokens ({limit}) is too small for one batch: needs at least context_size + 2 = "
-            f"{context_size + 2}")
+        die(f"train_tokens ({limit}) is too small for one batch (context_size + 2)")
     data = np.memmap(path, dtype=np.uint16, mode='r')[:limit or None]
-    if int(data.max()) >= vocab_size:  # once, here: else an IndexError steps later
-        die(f"{path} holds token id {int(data.max())}, but vocab_size is {vocab_size}: "
-            f"data and model disagree")
+    if (top := int(data.max())) >= vocab_size:  # once, here: else an IndexError steps later
+        die(f"{path} holds token id {top}, but vocab_size is {vocab_size}")
     return data
 
 train_data, val_data = open_split('train', train_tokens), open_split('val')
-meta_path, meta = os.path.join(data_dir, dataset, 'meta.json'), {}
+meta_path, meta = os.path.join(data_path, 'meta.json'), {}
 if os.path.isfile(meta_path):  # prepare.py's record: the model's vocabulary must be the data's
     try:
         with open(meta_path) as f:
@@ -200,13 +170,12 @@ if os.path.isfile(meta_path):  # prepare.py's record: the model's vocabulary mus
     except ValueError as e:
         die(f"{meta_path} is not valid JSON ({e}): run prepare.py again")
     if meta.get('vocab_size', vocab_size) != vocab_size:
-        die(f"{os.path.join(data_dir, dataset)} holds {meta.get('tokenizer')} ids of a vocabulary "
-            f"of {meta['vocab_size']}, but vocab_size is {vocab_size}: set --vocab_size="
-            f"{meta['vocab_size']} (config/bytes_*.py do, for bytes)")
+        die(f"{data_path} holds {meta.get('tokenizer')} ids of a vocabulary of "
+            f"{meta['vocab_size']}, but vocab_size is {vocab_size}: set --vocab_size="
+            f"{meta['vocab_size']} (as config/bytes_*.py do)")
 tokenizer = 'bytes' if meta.get('tokenizer') == 'bytes' else 'gpt2'  # sample.py decodes with it
 
-def get_batch(data, ix):
-    # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
+def get_batch(data, ix):  # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
     rows = torch.from_numpy(data[ix[:, None] + np.arange(context_size + 1)].astype(np.int64))
     x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
     if device_type == 'cuda':
@@ -217,77 +186,77 @@ def train_offsets(step):
     # a step's batch depends on (seed, step) only, each rank taking its own rows: N ranks see what
     # one process accumulating N times sees, and a resumed run draws what an uninterrupted one would
     rng = np.random.default_rng([seed, 0, step])
-    ix = rng.integers(0, len(train_data) - context_size,
-                      size=(gradient_accumulation_steps, batch_size))
-    return ix.reshape(world_size, -1)[rank].reshape(micro_steps, micro_batch)
+    ix = rng.integers(0, len(train_data) - context_size, gradient_accumulation_steps * batch_size)
+    return ix.reshape(world_size, micro_steps, micro_batch)[rank]
 
-def est_offsets(split_id, data):
-    # the same est_steps batches at every estimate, so estimates differ only by the model
+def est_starts(split_id, data):  # the same batches at every estimate: only the model differs
     rng = np.random.default_rng([seed, 1, split_id])
-    return rng.integers(0, len(data) - context_size, size=(est_steps, batch_size))
-X0, Y0 = get_batch(train_data, est_offsets(0, train_data)[0])  # a fixed batch: timing, diagnostics
+    return rng.integers(0, len(data) - context_size, est_steps * batch_size)
+est_batches = {'train': (train_data, est_starts(0, train_data)),
+               'val': (val_data, est_starts(1, val_data))}
+emb_loss = model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE'
+X0 = get_batch(train_data, est_batches['train'][1][:batch_size])[0]  # its diagnostics' batch
+# all of val.bin in consecutive windows: the same tokens for every seed and run
+whole_val = (val_data, np.arange((len(val_data) - 1) // context_size) * context_size)
 
 # model init: the same weights on every rank (DDP also broadcasts rank 0's)
 torch.manual_seed(seed)
-model = build_model(model_config)
-if ckpt is not None:
-    model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
-model.to(device)
-raw_model = model  # the uncompiled, unwrapped module: attributes, state_dict
+model = raw_model = build_model(model_config).to(device)  # raw: uncompiled, unwrapped
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # a no-op but with fp16
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 params = list(model.parameters())
 for p in params:  # zeroed in place after each step, never freed: no CUDA graph's buffer is a .grad
     p.grad = torch.zeros_like(p)
 grads = [p.grad for p in params]
+start_step = run.step
+# RNG for dropout: rank 0 restores the saved state, so a single-process resume is exact
+torch.manual_seed(int(np.random.SeedSequence([seed, 2, rank, start_step]).generate_state(1)[0]))
 if ckpt is not None:
+    model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
     try:
         optimizer.load_state_dict(ckpt['optimizer'])
     except (ValueError, KeyError, TypeError) as e:
-        die(f"{os.path.join(out_dir, 'ckpt_last.pt')}: its optimizer state does not fit the model "
-            f"({first_line(e)})")
+        die(f"{run.path('ckpt_last.pt')}: optimizer state does not fit ({first_line(e)})")
     if ckpt['scaler']:  # empty when saved without fp16
         scaler.load_state_dict(ckpt['scaler'])
-start_step = run.step
+    if master:
+        torch.set_rng_state(ckpt['rng']['torch'])
+        if device_type == 'cuda' and ckpt['rng']['cuda'] is not None:
+            torch.cuda.set_rng_state(ckpt['rng']['cuda'])
+    del ckpt  # free the loaded tensors
 
 # MFU on CUDA, against an H100's dense bf16 peak: on other GPUs a figure to compare runs by
 gpu = torch.cuda.get_device_name(device) if device_type == 'cuda' else None
 flops_per_step = raw_model.flops_per_token() * tokens_per_step
-
 if master:  # the header first: a slow start (compiling, a config too big) is never silent
     print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} "
           f"tokens/step (batch {batch_size} x context {context_size} x accumulation "
           f"{gradient_accumulation_steps}, {micro_steps} forward(s) of {micro_batch}) | "
-          f"{len(train_data):,} train tokens"
-          f"{'' if train_tokens else ' (all)'} of {os.path.join(data_dir, dataset)} | {world_size} "
-          f"process(es), {device}, {dtype}, compile {compile_mode if compile else 'off'}"
+          f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} of "
+          f"{data_path} | {world_size} process(es), {device}, {dtype}, "
+          f"compile {compile_mode if compile else 'off'}"
           f"{f' | {gpu}, MFU of 989 TFLOP/s' if gpu else ''}")
-    tflop = flops_per_step / 1e12  # said before compiling, which takes a minute or more
-    if device_type == 'cpu' and start_step < train_steps and tflop > 1:
-        print(f"warning: {tflop:.1f} TFLOP a step is too big for a CPU, where a CPU preset's 0.034 "
-              f"take ~0.5 s (config/cpu_aed_mse_possub.py, config/cpu_baseline.py)",
-              file=sys.stderr)
-    if ckpt is not None:
-        print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step} "
+    if device_type == 'cpu' and start_step < train_steps and flops_per_step > 1e12:
+        print(f"warning: {flops_per_step / 1e12:.1f} TFLOP a step is too big for a CPU, where a "
+              f"CPU preset's 0.034 take ~0.5 s (config/cpu_aed_mse_possub.py, "
+              f"config/cpu_baseline.py)", file=sys.stderr)
+    if init_from == 'resume':
+        print(f"resuming from {run.path('ckpt_last.pt')} at step {start_step} "
               f"(best val loss {run.best_val_loss:.4f})")
         for k, old, new, _ in changes:
             print(f"resume changes {k}: {old!r} -> {new!r}")
-        grown = [f"{k} {old!r} -> {new!r}" for k, old, new, by_file in changes if by_file and k in
-                 ('train_steps', 'lr', 'min_lr', 'decay_lr', 'warmup_iters', 'lr_decay_iters')]
-        if grown:  # the config file again, but not the first command's --train_steps=200
+        schedule = ('train_steps', 'lr', 'min_lr', 'decay_lr', 'warmup_iters', 'lr_decay_iters')
+        if grown := [f"{k} {old!r} -> {new!r}" for k, old, new, by_file in changes
+                     if by_file and k in schedule]:  # the preset again after --train_steps=200
             files = [a for a in sys.argv[1:] if not a.startswith('-')]
             flags = [a for a in sys.argv[1:] if a.startswith('--')
                      and a[2:].split('=')[0].replace('-', '_') not in ('init_from', 'out_dir')]
             print(f"warning: {' '.join(files)} changes this run's {', '.join(grown)}; to continue "
                   f"it as it was: {resume_command(out_dir, flags)}", file=sys.stderr)
         if start_step >= train_steps:
-            at_min = decay_lr and lr_decay_iters <= start_step
-            min_lr_note = '; the lr stays at min_lr' if at_min else ''
+            at_min = '; the lr stays at min_lr' if decay_lr and lr_decay_iters <= start_step else ''
             print(f"the run is finished at step {start_step}; to train further, "
-                  f"--train_steps={2 * start_step} (or any number above {start_step}){min_lr_note}")
-    if decay_lr and start_step < train_steps < warmup_iters:
-        print(f"warning: train_steps ({train_steps}) ends inside the lr warm-up (warmup_iters="
-              f"{warmup_iters}): the lr never reaches its peak {lr:g}", file=sys.stderr)
+                  f"--train_steps={2 * start_step} (or any number above {start_step}){at_min}")
 
 if compile and start_step < train_steps:  # (a finished run takes no step)
     if master:
@@ -298,47 +267,21 @@ eval_model = model  # rank 0 evaluates without the DDP wrapper
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 
-# RNG for dropout: rank 0 restores the saved state, so a single-process resume is exact
-torch.manual_seed(int(np.random.SeedSequence([seed, 2, rank, start_step]).generate_state(1)[0]))
-if ckpt is not None and master:
-    torch.set_rng_state(ckpt['rng']['torch'])
-    if device_type == 'cuda' and ckpt['rng']['cuda'] is not None:
-        torch.cuda.set_rng_state(ckpt['rng']['cuda'])
-del ckpt  # free the loaded tensors
-
 @torch.no_grad()
-def estimate_loss():
-    # eval-mode cross-entropy (no dropout, no embedding loss) over est_steps batches per split
-    out = {}
-    eval_model.eval()
-    for split_id, (split, data) in enumerate((('train', train_data), ('val', val_data))):
-        losses = torch.zeros(est_steps, device=device)
-        for k, ix in enumerate(est_offsets(split_id, data)):
-            X, Y = get_batch(data, ix)
-            torch.compiler.cudagraph_mark_step_begin()
-            with autocast:
-                losses[k] = eval_model(X, Y, return_logits=False)[1].float()
-        out[split] = losses.mean().item()
-    eval_model.train()
-    return out
-
-@torch.no_grad()
-def whole_val_loss(m):
-    # eval-mode cross-entropy over all of val.bin in consecutive windows: the same tokens for
-    # every seed and run. Not predicted: the first token, a tail shorter than a window
-    n = (len(val_data) - 1) // context_size
-    starts, total = np.arange(n) * context_size, 0.0
+def mean_ce(m, data, starts):
+    # eval-mode cross-entropy (no dropout, no embedding loss) of the windows at starts (N,)
+    total = 0.0
     m.eval()
-    for i in range(0, n, batch_size):
-        X, Y = get_batch(val_data, starts[i:i + batch_size])
+    for i in range(0, len(starts), batch_size):
+        X, Y = get_batch(data, starts[i:i + batch_size])
+        torch.compiler.cudagraph_mark_step_begin()
         with autocast:
-            total += m(X, Y)[1].float().item() * len(X)
+            total += m(X, Y, return_logits=False)[1].float() * len(X)
     m.train()
-    return total / n, n * context_size
+    return total.item() / len(starts)
 
-def whole_val_seconds(models):
-    # from the last estimate's time: it scored 2 x est_steps batches of windows of the same size
-    return est_s * models * ((len(val_data) - 1) // context_size) / (2 * est_steps * batch_size)
+def whole_val_seconds(models):  # the last estimate scored 2 x est_steps batches of the same size
+    return est_s * models * len(whole_val[1]) / (2 * est_steps * batch_size)
 
 def get_lr(step):
     # the author's schedule (docs/model.md), step 0-based: linear warm-up, then cosine decay to
@@ -352,13 +295,16 @@ def get_lr(step):
     ratio = (step + 1 - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
-# a run that stops mid-decay says so (--train_steps=200 on a CPU preset; not the author's flat lr)
+# a run that stops in its warm-up or mid-decay says so (--train_steps=200 on a CPU preset)
 end_lr = get_lr(train_steps - 1)
-if master and decay_lr and warmup_iters <= train_steps < lr_decay_iters and end_lr < 0.99 * lr \
-        and start_step < train_steps:
-    print(f"note: the lr decays until step {lr_decay_iters} (lr_decay_iters), but the run stops "
-          f"at {train_steps}: it ends at lr {end_lr:.2e}, not min_lr {min_lr:.2e} "
-          f"(--lr_decay_iters={train_steps} ends there)")
+if master and decay_lr and start_step < train_steps:
+    if train_steps < warmup_iters:
+        print(f"warning: train_steps ({train_steps}) ends inside the lr warm-up (warmup_iters="
+              f"{warmup_iters}): the lr never reaches its peak {lr:g}", file=sys.stderr)
+    elif train_steps < lr_decay_iters and end_lr < 0.99 * lr:
+        print(f"note: the lr decays until step {lr_decay_iters} (lr_decay_iters), but the run "
+              f"stops at {train_steps}: it ends at lr {end_lr:.2e}, not min_lr {min_lr:.2e} "
+              f"(--lr_decay_iters={train_steps} ends there)")
 
 # logging
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size,
@@ -370,8 +316,8 @@ if master and wandb_log:
         import wandb
     except ImportError:
         die("wandb_log=True needs wandb: pip install wandb")
-    name = wandb_run_name or os.path.basename(os.path.abspath(out_dir))
-    wandb.init(project=wandb_project, name=name, config=config, resume='allow')
+    wandb.init(project=wandb_project, config=config, resume='allow',
+               name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)))
 
 # training loop
 step = start_step
@@ -382,11 +328,9 @@ while True:
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
             t0 = time.time()
-            est = estimate_loss()
+            est = {split: mean_ce(eval_model, *batches) for split, batches in est_batches.items()}
             est_s = time.time() - t0
-            diag = {}  # with the embedding loss on, its diagnostics on the fixed batch
-            if model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE':
-                diag['emb_diag'] = raw_model.embedding_loss_diagnostics(X0)
+            diag = {'emb_diag': raw_model.embedding_loss_diagnostics(X0)} if emb_loss else {}
             if bad := [k for k, v in est.items() if not math.isfinite(v)]:
                 run.stop(step, f"the {bad[0]} estimate is not finite ({len(bad)} of 2)")
             improved = est['val'] < run.best_val_loss
@@ -422,7 +366,6 @@ while True:
         X, Y = get_batch(train_data, ix)
         data_s += time.time() - t_data
         torch.compiler.cudagraph_mark_step_begin()  # a new forward: CUDA graphs may reuse memory
-        # DDP: sync the gradients on the last micro-step only
         with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():
             with autocast:
                 _, loss = model(X, Y, return_logits=False)  # the loss alone: no logits kept
@@ -433,12 +376,12 @@ while True:
                     scaler.scale(loss / micro_steps), params, materialize_grads=True))
         stats[0] += loss.detach().float()
         stats[1] += raw_model.last_ce.float()
-        if raw_model.last_embedding_loss is not None:
+        if emb_loss:
             stats[2] += raw_model.last_embedding_loss.float()
     if ddp:
         dist.all_reduce(stats)  # every rank sees the same numbers, so all stop together on NaN
     loss_v, ce_v, emb_v = (v / (micro_steps * world_size) for v in stats.tolist())
-    emb_v = emb_v if raw_model.last_embedding_loss is not None else None
+    emb_v = emb_v if emb_loss else None
     if not math.isfinite(loss_v):  # on every rank: the numbers are all-reduced
         run.stop(step, "the training loss is not finite")
     if grad_clip > 0.0:
@@ -452,16 +395,16 @@ while True:
     dt = time.time() - t0
     step += 1
     run.step = step  # what a signal or a lost rank names
-
+    if not master:  # rank 0 alone logs
+        continue
+    step_times.append(dt)
     tok_s = tokens_per_step / dt
     mfu = flops_per_step / dt / world_size / 989e12 if gpu else None
-    if master:
-        run.log({'type': 'step', 'step': step, 'loss': loss_v, 'ce': ce_v, 'emb': emb_v,
-                 'lr': lr_now, 'ms': round(dt * 1000, 2), 'data_ms': round(data_s * 1000, 3),
-                 'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)})
-    if master and (step % log_interval == 0 or step == train_steps):
-        # the loss the optimizer sees, and what it is made of (the estimates: ce alone)
-        coeff = model_config.embedding_loss_coeff
+    run.log({'type': 'step', 'step': step, 'loss': loss_v, 'ce': ce_v, 'emb': emb_v, 'lr': lr_now,
+             'ms': round(dt * 1000, 2), 'data_ms': round(data_s * 1000, 3),
+             'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)})
+    if step % log_interval == 0 or step == train_steps:
+        coeff = model_config.embedding_loss_coeff  # the loss the optimizer sees, and its parts
         parts = "" if emb_v is None else f" (ce {ce_v:.4f} + {coeff:g} x emb {emb_v:.3e})"
         print(f"step {step}/{train_steps} | loss {loss_v:.4f}{parts} | lr {lr_now:.2e} | epoch "
               f"{run.epochs(step):.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
@@ -469,11 +412,9 @@ while True:
         if wandb_log:
             wandb.log({'step': step, 'train/loss': loss_v, 'train/ce': ce_v, 'train/emb': emb_v,
                        'lr': lr_now, 'tok_s': tok_s, 'mfu': mfu})
-    step_times.append(dt)
-    if master and len(step_times) == 10 and step < train_steps:  # once, early: a slow config shows
+    if len(step_times) == 10 and step < train_steps:  # once, early: a slow config shows
         per_step = statistics.median(step_times[1:])
-        n_est = (train_steps // est_interval - (step - 1) // est_interval
-                 + (train_steps % est_interval != 0))
+        n_est = sum(s % est_interval == 0 or s == train_steps for s in range(step, train_steps + 1))
         whole = whole_val_seconds(2) if est_s else 0.0  # at the end, the last and the best model
         rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est + whole
         ests = (f", {n_est} estimate(s) of ~{duration(est_s)} and all of val.bin for 2 models "
@@ -485,19 +426,16 @@ while True:
 # the last and the best model on all of val.bin (eager); a finished run that resumes has its scores
 if master and step >= train_steps and not run.whole:
     two = run.best_step is not None and run.best_step != step
+    n_tokens = len(whole_val[1]) * context_size
     print(f"scoring {'the last and the best model' if two else 'the model'} on all of val.bin "
-          f"({(len(val_data) - 1) // context_size * context_size:,} tokens)"
-          f"{f': ~{duration(whole_val_seconds(1 + two))}' if est_s else ''}")
-    last, n_tokens = whole_val_loss(raw_model)
-    best = last
-    if two:
+          f"({n_tokens:,} tokens){f': ~{duration(whole_val_seconds(1 + two))}' if est_s else ''}")
+    last = best = mean_ce(raw_model, *whole_val)
+    if two:  # the training is over: raw_model takes the best weights
         try:
-            best_model = build_model(model_config)
-            best_model.load_state_dict(load(run.path('ckpt_best.pt'))[0]['model'])
+            raw_model.load_state_dict(load(run.path('ckpt_best.pt'))[0]['model'])
         except CheckpointError as e:
             die(e)
-        best = whole_val_loss(best_model.to(device))[0]
-        del best_model
+        best = mean_ce(raw_model, *whole_val)
     run.whole = {'whole_val_last': last, 'whole_val_best': best, 'whole_val_tokens': n_tokens}
     run.log({'type': 'whole_val', 'step': step, 'best_step': run.best_step, **run.whole})
     run.summary(step)  # summary.json holds the scores too

@@ -43,7 +43,7 @@ def kn_prob(train, n, V, w, hist):
 
 def brute_floor(train, val, n, V, T):
     logs = []
-    for s in range(0, (len(val) - 1) // T * T, T):  # windows of T + 1 tokens, as whole_val_loss
+    for s in range(0, (len(val) - 1) // T * T, T):  # windows of T + 1 tokens, as train.py's
         for t in range(1, T + 1):
             hist = val[s:s + t]
             logs.append(-math.log(kn_prob(train, n, V, val[s + t], hist[-(n - 1):] if n > 1
