@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import tokenize
 import zipfile
 
 import numpy as np
@@ -213,6 +214,46 @@ def test_readme_fits_and_cites_what_it_reproduces():
     for line in re.search(r'## Quick start.*?```sh\n(.*?)```', readme, re.S)[1].splitlines():
         assert '<' not in line and shlex.split(line, comments=True), line
     assert 'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' in readme
+
+
+CORE_BUDGET = dict(bytes=109_000, code=81_100, train_lines=451)  # the core may not grow past these
+
+
+def code_bytes(src):
+    """The bytes of src's code: its comments, docstrings and blank lines left out (tokenize)."""
+    lines = [list(line) for line in src.split('\n')]
+    prev = tokenize.NEWLINE  # the last token that is not a comment or a line break inside brackets
+    tokens = list(tokenize.generate_tokens(io.StringIO(src).readline))
+    for t, after in zip(tokens, tokens[1:]):
+        (r1, c1), (r2, c2) = t.start, t.end
+        docstring = t.type == tokenize.STRING and after.type == tokenize.NEWLINE and prev in (
+            tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+        if t.type == tokenize.COMMENT or docstring:
+            for r in range(r1, r2 + 1):
+                start, end = (c1 if r == r1 else 0), (c2 if r == r2 else len(lines[r - 1]))
+                lines[r - 1][start:end] = [''] * (end - start)
+        if t.type not in (tokenize.NL, tokenize.COMMENT):
+            prev = t.type
+    return sum(len(''.join(line).rstrip().encode()) + 1 for line in lines if ''.join(line).strip())
+
+
+def test_the_core_stays_within_its_size_budget():
+    """What a reader must trust stays small: the core product Python (every tracked top-level .py
+    but the tests, conftest.py and bench.py) in bytes, in code bytes, and train.py in lines.
+    Adding to it means taking as much out."""
+    assert code_bytes('"""doc"""\nx = 1  # why\n\ndef f():\n    """doc"""\n    return "s"\n') == \
+        len('x = 1\ndef f():\n    return "s"\n')
+    names = subprocess.run(['git', 'ls-files', '*.py'], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    size = dict(bytes=0, code=0)
+    for name in names:
+        if '/' not in name and not name.startswith('test_') and name not in ('conftest.py',
+                                                                               'bench.py'):
+            src = open(os.path.join(ROOT, name), encoding='utf-8').read()
+            size['bytes'] += len(src.encode())
+            size['code'] += code_bytes(src)
+    size['train_lines'] = open(os.path.join(ROOT, 'train.py'), encoding='utf-8').read().count('\n')
+    assert all(size[k] <= CORE_BUDGET[k] for k in CORE_BUDGET), (size, CORE_BUDGET)
 
 
 def test_hand_written_lines_fit_in_100_columns():
