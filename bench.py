@@ -24,7 +24,6 @@ other and every figure can be many times worse. Uncached generation is timed at 
 (see uncached_lengths), and the memory probes fork from a server that imported torch once.
 """
 
-import dataclasses
 import glob
 import json
 import multiprocessing
@@ -39,7 +38,7 @@ import time
 
 import torch
 
-from checkpoint import atomic_write
+from checkpoint import atomic_write, model_config_of
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from conftest import train_defaults
 from model import ModelConfig, build_model
@@ -260,8 +259,8 @@ class Step:
         self.optimizer = self.raw.configure_optimizers(0.1, 9e-4, (0.9, 0.95), device_type)
         self.model = torch.compile(self.raw, **({"backend": "eager"} if dry else {"mode": mode}))
         g = torch.Generator().manual_seed(1)
-        vocab_size = ModelConfig(**kw).vocab_size  # the author's: GPT-2's
-        x, y = (torch.randint(0, vocab_size, (step_n_sequences, kw["context_size"]), generator=g)
+        x, y = (torch.randint(0, self.raw.config.vocab_size, (step_n_sequences,
+                                                               kw["context_size"]), generator=g)
                 for _ in range(2))
         self.batches = [(a.to(device), b.to(device)) for a, b in zip(x.chunk(self.n),
                                                                     y.chunk(self.n))]
@@ -489,8 +488,7 @@ def bench_params():
             continue
         c = load_config(defaults, [path])
         with torch.device("meta"):
-            m = build_model(ModelConfig(**{f.name: c[f.name]
-                                           for f in dataclasses.fields(ModelConfig)}))
+            m = build_model(model_config_of(c))
         blocks = (f"{m.config.n_layer}+{m.config.n_decoder_layer}" if c["arch"] == "aed"
                   else f"{m.config.n_layer}")
         row = {"config": os.path.basename(path), "arch": c["arch"], "blocks": blocks,

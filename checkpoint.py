@@ -129,7 +129,7 @@ def load(path, keys=('model', 'config')):
         raise CheckpointError(f"{path} is not a checkpoint written by train.py (no config or "
                               f"weights dict)")
     try:
-        c = model_config(config)
+        c = model_config_of(config)
     except KeyError as e:
         raise CheckpointError(f"{path}: its config lacks {e}: not from this train.py") from None
     except (ValueError, TypeError) as e:
@@ -151,7 +151,7 @@ def load(path, keys=('model', 'config')):
     return ckpt, c
 
 
-def model_config(config):
+def model_config_of(config):  # the ModelConfig of a run's config dict
     return ModelConfig(**{k: config[k] for k in MODEL_KEYS})
 
 
@@ -170,7 +170,7 @@ def resume_config(out_dir, defaults, argv):
                               for k, v in ckpt['config'].items() if k in defaults})
     config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
     try:  # compare the models, not the spelling: n_decoder_layer=None and =n_layer are one model
-        same = model_config(saved) == model_config(config)
+        same = model_config_of(saved) == model_config_of(config)
     except (ValueError, TypeError):
         same = False  # a value the model refuses: the check below names the key
     for k in MODEL_KEYS:

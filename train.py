@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from checkpoint import MODEL_KEYS, CheckpointError, load, resume_config
+from checkpoint import CheckpointError, load, model_config_of, resume_config
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from model import ModelConfig, build_model
 from rundir import RunDir, duration, provenance, resume_command
@@ -85,7 +85,7 @@ try:  # --help lists every key with its comment here or in model.py's ModelConfi
         config, ckpt, changes = resume_config(config['out_dir'], DEFAULTS, sys.argv[1:])
     globals().update(config)  # config keeps device 'auto': a resume on other hardware works
     device, device_type, dtype = resolve_device(device, dtype)
-    model_config = ModelConfig(**{k: config[k] for k in MODEL_KEYS})
+    model_config = model_config_of(config)
 except (ConfigError, CheckpointError) as e:
     die(e)
 except (ValueError, TypeError) as e:
