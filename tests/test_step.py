@@ -5,6 +5,7 @@ sequences without changing them, the training forward returns no logits, and a c
 cannot run here is refused. train.py runs in this process (run_here), its model patched to record.
 """
 import torch
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 import model as model_py
 from model import build_model
@@ -83,14 +84,21 @@ def test_accumulation_is_backwards_and_micro_batch_regroups(tmp_path, monkeypatc
 def test_compiled_step_gives_the_eager_gradients(tmp_path, monkeypatch):
     """Compiled (Inductor on CPU: compile_mode auto is the default mode here), the step's
     accumulated gradients equal the eager step's to float32 tolerance: the same accumulation
-    through the compiled backward."""
-    grads = []
+    through the compiled backward. Its shapes stay static though the estimates came first with
+    another batch size (4 rows, the step 8): Dynamo would otherwise make the batch dimension
+    symbolic, which made the author's GPT step slower on a GPU (docs/gpu.md)."""
+    grads, dims = [], []  # how Dynamo treats each dimension of the compiled frames' inputs
+    create_symbol = ShapeEnv.create_symbol
+    monkeypatch.setattr(ShapeEnv, 'create_symbol', lambda self, val, source, dynamic_dim, *a, **k:
+                        dims.append(dynamic_dim) or create_symbol(self, val, source, dynamic_dim,
+                                                                  *a, **k))
     for compile in (False, True):
         torch._dynamo.reset()
         rec = recorder(monkeypatch, forwards=False)
         p = one_step(tmp_path, f'compile{compile}', f'--compile={compile}')
         assert f"compile {'default' if compile else 'off'}\n" in p.stdout
         grads.append(rec['grads'])
+    assert dims and set(dims) == {DimDynamic.STATIC}
     for n, g in grads[0].items():
         torch.testing.assert_close(grads[1][n], g, rtol=1e-4, atol=1e-5, msg=n)
 
