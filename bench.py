@@ -231,10 +231,15 @@ STEP_PLAN = [("gpt", 16, "default", "backward"), ("gpt", 16, "reduce-overhead", 
              ("gpt", 16, "max-autotune-no-cudagraphs", "grad"),
              ("aed", 16, "max-autotune-no-cudagraphs", "grad")]
 GRAD_WRONG = 5e-2  # relative gradient error that marks a variant wrong (bf16 rounding: ~1e-3)
-KERNEL_KINDS = {"gemm": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_"),
-                "attention": ("flash", "fmha", "cudnn", "attention"), "triton": ("triton_",),
+# the first kind whose keys a kernel's name holds (cuDNN's attention is named ..._sm90_flash_...)
+KERNEL_KINDS = {"triton": ("triton_",), "attention": ("flash", "fmha", "cudnn", "attention"),
+                "gemm": ("gemm", "cutlass", "xmma", "nvjet", "cublas", "sm90_", "sm80_"),
                 "optimizer": ("multi_tensor", "adam", "foreach"),
                 "memcpy/memset": ("memcpy", "memset", "Memcpy", "Memset")}
+
+
+def kernel_kind(name):
+    return next((k for k, keys in KERNEL_KINDS.items() if any(s in name for s in keys)), "other")
 
 
 def step_label(variant):
@@ -327,8 +332,7 @@ def profile_step(st):
     for e in sorted(kernels, key=lambda e: e["ts"]):  # the union of the kernels' intervals
         busy += max(0.0, e["ts"] + e["dur"] - max(e["ts"], end))
         end = max(end, e["ts"] + e["dur"])
-        kind = next((k for k, keys in KERNEL_KINDS.items() if any(s in e["name"] for s in keys)),
-                    "other")
+        kind = kernel_kind(e["name"])
         kinds[kind] = kinds.get(kind, 0.0) + e["dur"] / 1e3
     return {"step_ms": window["dur"] / 1e3, "busy_share": busy / window["dur"],
             "ms_by_kind": {k: round(v, 3) for k, v in sorted(kinds.items())},

@@ -76,6 +76,19 @@ def test_uncached_lengths():
     assert bench.uncached_lengths(5) == [1, 2, 3, 4, 5]
 
 
+def test_kernel_kinds_of_an_h200_profile():
+    """Kernel names from a profile of the author's GPT step on an H200 (experiments/
+    gpu_h200_train_step.md) fall in their kinds: cuDNN's attention is not a GEMM for its sm90_."""
+    names = {"cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1":
+             "attention",
+             "void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_256x128_nt_align1>":
+             "gemm", "nvjet_sm90_tst_160x192_64x3_1x4_h_bz_coopB_NNN": "gemm",
+             "triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_arange_eq": "triton",
+             "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
+             "Memset (Device)": "memcpy/memset", "void at::native::vectorized_elementwise": "other"}
+    assert {n: bench.kernel_kind(n) for n in names} == names
+
+
 def test_bench_step_dry(tmp_path):
     """--sections=step --dry: the GPU flow on CPU with 2-block models, each variant of STEP_PLAN in
     its order: the first compiled while 3 children compile later ones, each model's step as it was

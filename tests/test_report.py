@@ -742,6 +742,78 @@ exec {PY} "$@"
     assert '| baseline |' in (tmp_path / 'out' / '30steps.md').read_text()
 
 
+def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
+    """experiments/gpu_train_step.sh with `python` shimmed (the probe faked, its runs copied from a
+    finished one): each run name goes to its config, probe way and dataset, random ids are written
+    as many as the text's, and the table lists the runs that finished."""
+    shim = tmp_path / 'bin'
+    shim.mkdir()
+    done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
+    (shim / 'python').write_text(f'''#!/usr/bin/env bash
+if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi
+if [ "$1" = experiments/gpu_probe.py ]; then
+    echo "$*" >> {tmp_path}/calls
+    out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
+    mkdir -p "$out" && cp {done}/log.jsonl {done}/summary.json "$out" && exit 0
+fi
+exec {PY} "$@"
+''')
+    (shim / 'python').chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(tmp_path / 'out'))
+    p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_random', 'aed_aten',
+                        'gpt_profile'], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    calls = [c.split() for c in (tmp_path / 'calls').read_text().splitlines()]
+    assert [(c[1], c[5], c[6]) for c in calls] == [
+        ('inductor', 'config/baseline.py', '--dataset=random_ids'),
+        ('aten', 'config/aed_mse_possub.py', '--dataset=wikipedia'),
+        ('profile', 'config/baseline.py', '--dataset=wikipedia')]
+    assert calls[2][2] == f"{tmp_path}/out/gpt_profile/profile.json"
+    sizes = [os.path.getsize(os.path.join(ROOT, 'data', d, 'train.bin'))
+             for d in ('wikipedia', 'random_ids')]
+    assert sizes[0] == sizes[1]
+    table = (tmp_path / 'out.md').read_text()
+    assert all(f'| {r} |' in table for r in ('gpt_random', 'aed_aten', 'gpt_profile')), table
+    p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_fast'], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and 'unknown run gpt_fast' in p.stderr
+
+
+def test_gpu_probe_aten_way_keeps_the_gradients_without_atomics(tmp_path):
+    """experiments/gpu_probe.py aten: the embedding, compiled, runs ATen's backward (no atomic adds
+    in Inductor's code) and gives the gradients eager mode gives."""
+    (tmp_path / 'train.py').write_text('''
+import torch
+from torch._inductor.utils import run_and_get_code
+from model import ModelConfig, build_model
+torch.manual_seed(0)
+m = build_model(ModelConfig(arch="gpt", n_layer=1, n_embed=16, n_head=2, context_size=8,
+                            vocab_size=50))
+x = torch.randint(0, 50, (2, 8))
+x[:, :4] = 3  # one id many times
+def grads(mdl):
+    m.zero_grad()
+    mdl(x, x)[1].backward()
+    return [p.grad.clone() for p in m.parameters()]
+eager = grads(m)
+compiled, code = run_and_get_code(lambda: grads(torch.compile(m)))
+print("atomics", any("atomic_add" in c for c in code))
+print("equal", all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(compiled, eager)))
+''')
+    env = dict(os.environ, PYTHONPATH=ROOT, TORCHINDUCTOR_FX_GRAPH_CACHE='0',
+               TORCHINDUCTOR_AUTOGRAD_CACHE='0')
+    out = {}
+    for way in ('inductor', 'aten'):
+        p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), way, '--',
+                            'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        out[way] = p.stdout.split()
+    assert out['inductor'] == ['atomics', 'True', 'equal', 'True']  # the probe's subject
+    assert out['aten'] == ['atomics', 'False', 'equal', 'True']
+
+
 def test_cpu_study_script_resumes_restarts_skips_and_scrubs_paths(tmp_path):
     """experiments/cpu_data_constrained.sh with `python` shimmed (train.py faked, report.py and
     prepare.py skipped): a finished run in RES is skipped, one with a checkpoint resumes, one

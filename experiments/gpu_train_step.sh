@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# train.py's step on one GPU under probes (experiments/gpu_probe.py): 30 steps of the author's two
+# configs with train.py's defaults. Why is the GPT's step in train.py slower than bench.py's at the
+# same split and mode (docs/gpu.md)? One guess: Inductor adds each token's embedding gradient into
+# its row with atomics, which could queue on text's frequent ids, where bench.py feeds random ids.
+#   <model>_inductor  train.py as it is
+#   <model>_aten      the embedding's backward as ATen's kernel (sorts the ids, no atomics)
+#   <model>_random    as it is, on uniform random ids (data/random_ids: as many as the text's)
+#   <model>_profile   as it is, with torch.profiler over steps 14-16 (OUT/<run>/profile.json)
+#
+# $ OUT=experiments/gpu_train_step bash experiments/gpu_train_step.sh    a GPT run ~1.5 min (H200)
+# $ OUT=... bash experiments/gpu_train_step.sh gpt_inductor gpt_aten   only the runs named
+#
+# Writes OUT/<run>/ (summary.json, log.jsonl), OUT.md (the table) and OUT.log (the console).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to a folder for the results}
+ALL=(gpt_inductor gpt_profile gpt_random gpt_aten aed_inductor aed_profile aed_random aed_aten)
+ORDER=("${ALL[@]}")
+[ $# -gt 0 ] && ORDER=("$@")
+for name in "${ORDER[@]}"; do
+    [[ " ${ALL[*]} " == *" $name "* ]] || { echo "error: unknown run $name" >&2; exit 2; }
+done
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT.log") 2>&1
+python -c 'import torch; print("===", torch.cuda.get_device_name(0), torch.__version__)' || exit 1
+[ -f data/wikipedia/train.bin ] || python prepare.py
+python - <<'PY'
+import json, os, shutil
+import numpy as np
+src, dst = "data/wikipedia", "data/random_ids"
+os.makedirs(dst, exist_ok=True)
+meta = json.load(open(f"{src}/meta.json"))
+rng = np.random.default_rng(0)
+for split in ("train", "val"):
+    n = len(np.memmap(f"{src}/{split}.bin", dtype=np.uint16, mode="r"))
+    rng.integers(0, meta["vocab_size"], n, dtype=np.uint16).tofile(f"{dst}/{split}.bin")
+shutil.copy(f"{src}/meta.json", f"{dst}/meta.json")
+PY
+for name in "${ORDER[@]}"; do
+    cfg=$([ "${name%%_*}" = gpt ] && echo config/baseline.py || echo config/aed_mse_possub.py)
+    way=${name#*_} data=wikipedia
+    [ "$way" = random ] && way=inductor data=random_ids
+    echo "=== $(date -u +%H:%M:%S) $name"
+    mkdir -p "$OUT/$name"
+    python experiments/gpu_probe.py "$way" "$OUT/$name/profile.json" -- train.py "$cfg" \
+        --dataset="$data" --train_steps=30 \
+        --warmup_iters=7 --lr_decay_iters=17111 --est_interval=30 --est_steps=20 \
+        --log_interval=10 --out_dir="out-gpu/train_step/$name" --overwrite=True &&
+        cp out-gpu/train_step/$name/{summary.json,log.jsonl} "$OUT/$name/"
+    python - "$OUT" > "$OUT.md.tmp" <<'PY' && mv "$OUT.md.tmp" "$OUT.md"
+import glob, json, os, statistics, sys
+print("| run | ms a step (median of 11-30) | GPU | torch | val ce at 30 |\n|---|---:|---|---|---:|")
+for d in sorted(glob.glob(f"{sys.argv[1]}/*/")):
+    if not os.path.exists(f"{d}summary.json"):
+        continue
+    s = json.load(open(f"{d}summary.json"))
+    ms = [r["ms"] for r in map(json.loads, open(f"{d}log.jsonl"))
+          if r.get("type") == "step" and r["step"] > 10]
+    print(f"| {os.path.basename(d[:-1])} | {statistics.median(ms):.1f} | {s['gpu']} "
+          f"| {s['torch']} | {s['final_val_loss']:.4f} |")
+PY
+done
