@@ -202,7 +202,7 @@ def load_run(run_dir):
         'best_val': min(r['val'] for r in ests),
         'best_step': min(ests, key=lambda r: r['val'])['step'],
         'emb': last.get('emb'),
-        'params': summary.get('params'),
+        'params': summary.get('params'), 'train_tokens': summary.get('train_tokens'),
         'step': ests[-1]['step'] if not steps else max(last['step'], ests[-1]['step']),
         'tokens': summary.get('tokens_seen', last.get('tokens', 0)),
         'epochs': summary.get('epochs', last.get('epochs')),
@@ -273,10 +273,14 @@ def read_floors(path, runs):
         die(f"--floors: cannot read {path} ({getattr(e, 'strerror', None) or e})")
     lowest = min(r['floors'].values())
     scored = [x for x in runs if x['whole_best'] is not None]
+    other = [x['name'] for x in scored if x['train_tokens'] not in (None, r['train_tokens'])]
+    scored = [x for x in scored if x['name'] not in other]
     if scored:
         below = sum(x['whole_best'] < lowest for x in scored)
         r['line'] = (f"{floors_line(r)} Runs whose best model is below the lowest floor on all of "
-                     f"val.bin: {below} of {len(scored)}.")
+                     f"val.bin: {below} of {len(scored)}"
+                     + (f" (not counted, trained on another slice: {', '.join(other)})." if other
+                        else "."))
     else:
         r['line'] = floors_line(r)
     return r

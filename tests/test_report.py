@@ -622,6 +622,10 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
             'best model is below the lowest floor on all of val.bin: 2 of 4.') in p.stdout
     svg = (tmp_path / 'c.svg').read_text()
     assert '>1-gram 3.900</text>' in svg and '>2-gram 3.260</text>' in svg
+    summary = json.load(open(os.path.join(gpt[0], 'summary.json')))  # gpt (3.25): another slice
+    json.dump(dict(summary, train_tokens=2500), open(os.path.join(gpt[0], 'summary.json'), 'w'))
+    assert ('below the lowest floor on all of val.bin: 1 of 3 (not counted, trained on another '
+            'slice: gpt).') in run_report(*aed, *gpt, f'--floors={floors}').stdout
     assert_one_line = run_report(*aed, f'--floors={tmp_path / "none.json"}')
     assert assert_one_line.returncode == 1 and 'error: --floors: cannot read' in \
         assert_one_line.stderr
