@@ -3,7 +3,7 @@ Count-model floors: the val loss of n-gram models counted from the training toke
 scored on the tokens train.py scores on all of val.bin. A transformer above a floor has learned
 less from its data than counting does.
 
-$ python experiments/floors.py config/cpu_bytes_baseline.py    # a run's dataset, slice and context
+$ python experiments/floors.py config/bytes_baseline.py    # a run's dataset, slice and context
 $ python experiments/floors.py --dataset=wikipedia --train_tokens=100000 --context_size=128 \
       --max_order=2 --json=experiments/data_constrained_floors.json
 
