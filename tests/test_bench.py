@@ -83,7 +83,7 @@ def test_kernel_kinds_of_an_h200_profile():
              "attention",
              "void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_256x128_nt_align1>":
              "gemm", "nvjet_sm90_tst_160x192_64x3_1x4_h_bz_coopB_NNN": "gemm",
-             "triton_red_fused__log_softmax__log_softmax_backward_data__to_copy_arange_eq": "triton",
+             "triton_red_fused__log_softmax__log_softmax_backward_data__to_copy": "triton",
              "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>": "optimizer",
              "Memset (Device)": "memcpy/memset", "void at::native::vectorized_elementwise": "other"}
     assert {n: bench.kernel_kind(n) for n in names} == names
