@@ -7,6 +7,7 @@ train.py under a probe, for experiments/gpu_train_step.sh: python experiments/gp
             Inductor's own code adds each token's gradient into its row with atomics
   profile   train.py as it is, with torch.profiler over steps 14-16 (a step ends at train.py's
             torch.cuda.synchronize): GPU busy share, idle gaps and the kernels, into OUT_JSON
+  nocudnn   cuDNN's attention off: scaled_dot_product_attention takes another of its kernels
 """
 import json
 import os
@@ -72,6 +73,8 @@ def summarize(prof):
                    "steps": steps}, f, indent=1)
 
 
+if way == "nocudnn":
+    torch.backends.cuda.enable_cudnn_sdp(False)
 if way == "profile":
     from torch.profiler import ProfilerActivity, profile, schedule
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],

@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # train.py's step on one GPU under probes (experiments/gpu_probe.py): 30 steps of the author's two
-# configs with train.py's defaults. Why is the GPT's step in train.py slower than bench.py's at the
-# same split and mode (docs/gpu.md)? One guess: Inductor adds each token's embedding gradient into
-# its row with atomics, which could queue on text's frequent ids, where bench.py feeds random ids.
-#   <model>_inductor  train.py as it is
+# configs with train.py's defaults, as they are and with one thing changed; docs/gpu.md (Where a
+# step's time goes) says what they showed. Runs (<model>: gpt, aed):
+#   <model>_inductor  train.py as it is (Inductor's code for the embedding's backward: atomics)
 #   <model>_aten      the embedding's backward as ATen's kernel (sorts the ids, no atomics)
 #   <model>_random    as it is, on uniform random ids (data/random_ids: as many as the text's)
 #   <model>_profile   as it is, with torch.profiler over steps 14-16 (OUT/<run>/profile.json)
+#   <model>_nocudnn   cuDNN's attention off (the profile's second-largest kernel)
+#   <model>_pad64     --vocab_pad_multiple=64: the head's 50,257 rows padded to 50,304
 #
-# $ OUT=experiments/gpu_train_step bash experiments/gpu_train_step.sh    a GPT run ~1.5 min (H200)
+# $ OUT=experiments/gpu_train_step bash experiments/gpu_train_step.sh   all, in ALL's order
+#                                                     (a GPT run ~1.5 min on one H200)
 # $ OUT=... bash experiments/gpu_train_step.sh gpt_inductor gpt_aten   only the runs named
 #
 # Writes OUT/<run>/ (summary.json, log.jsonl), OUT.md (the table) and OUT.log (the console).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
-ALL=(gpt_inductor gpt_profile gpt_random gpt_aten aed_inductor aed_profile aed_random aed_aten)
+ALL=(gpt_inductor aed_inductor gpt_nocudnn gpt_pad64 aed_nocudnn aed_pad64 gpt_profile aed_profile
+     gpt_random aed_random gpt_aten aed_aten)  # the default order: the step, then its levers
 ORDER=("${ALL[@]}")
 [ $# -gt 0 ] && ORDER=("$@")
 for name in "${ORDER[@]}"; do
@@ -39,14 +42,16 @@ shutil.copy(f"{src}/meta.json", f"{dst}/meta.json")
 PY
 for name in "${ORDER[@]}"; do
     cfg=$([ "${name%%_*}" = gpt ] && echo config/baseline.py || echo config/aed_mse_possub.py)
-    way=${name#*_} data=wikipedia
+    way=${name#*_} data=wikipedia flags=()
     [ "$way" = random ] && way=inductor data=random_ids
+    [ "$way" = pad64 ] && way=inductor flags=(--vocab_pad_multiple=64)
     echo "=== $(date -u +%H:%M:%S) $name"
     mkdir -p "$OUT/$name"
     python experiments/gpu_probe.py "$way" "$OUT/$name/profile.json" -- train.py "$cfg" \
         --dataset="$data" --train_steps=30 \
         --warmup_iters=7 --lr_decay_iters=17111 --est_interval=30 --est_steps=20 \
-        --log_interval=10 --out_dir="out-gpu/train_step/$name" --overwrite=True &&
+        --log_interval=10 --out_dir="out-gpu/train_step/$name" --overwrite=True \
+        ${flags[@]+"${flags[@]}"} &&
         cp out-gpu/train_step/$name/{summary.json,log.jsonl} "$OUT/$name/"
     python - "$OUT" > "$OUT.md.tmp" <<'PY' && mv "$OUT.md.tmp" "$OUT.md"
 import glob, json, os, statistics, sys

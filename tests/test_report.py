@@ -765,20 +765,23 @@ exec {PY} "$@"
     (shim / 'python').chmod(0o755)
     env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(tmp_path / 'out'))
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_random', 'aed_aten',
-                        'gpt_profile'], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=120)
+                        'gpt_profile', 'aed_pad64', 'gpt_nocudnn'], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     calls = [c.split() for c in (tmp_path / 'calls').read_text().splitlines()]
-    assert [(c[1], c[5], c[6]) for c in calls] == [
-        ('inductor', 'config/baseline.py', '--dataset=random_ids'),
-        ('aten', 'config/aed_mse_possub.py', '--dataset=wikipedia'),
-        ('profile', 'config/baseline.py', '--dataset=wikipedia')]
+    assert [(c[1], c[5], c[6], c[-1]) for c in calls] == [
+        ('inductor', 'config/baseline.py', '--dataset=random_ids', '--overwrite=True'),
+        ('aten', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--overwrite=True'),
+        ('profile', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True'),
+        ('inductor', 'config/aed_mse_possub.py', '--dataset=wikipedia',
+         '--vocab_pad_multiple=64'),
+        ('nocudnn', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True')]
     assert calls[2][2] == f"{tmp_path}/out/gpt_profile/profile.json"
     sizes = [os.path.getsize(os.path.join(ROOT, 'data', d, 'train.bin'))
              for d in ('wikipedia', 'random_ids')]
     assert sizes[0] == sizes[1]
     table = (tmp_path / 'out.md').read_text()
-    assert all(f'| {r} |' in table for r in ('gpt_random', 'aed_aten', 'gpt_profile')), table
+    assert all(f'| {r} |' in table for r in ('gpt_random', 'aed_aten', 'aed_pad64')), table
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_fast'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and 'unknown run gpt_fast' in p.stderr
