@@ -705,13 +705,30 @@ exec {PY} "$@"
     assert '--warmup_iters=7 --lr_decay_iters=17111' in (tmp_path / 'calls').read_text()
 
 
+def gpu_script_env(tmp_path, trainer, more=''):
+    """An env whose `python` fakes a GPU: `python -c` (the GPU check) prints a name, `python
+    TRAINER ... --out_dir=D` logs its arguments to tmp_path/calls and copies a finished run into D,
+    the lines `more` handle what they match, and anything else runs."""
+    shim = tmp_path / 'bin'
+    shim.mkdir()
+    done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
+    (shim / 'python').write_text(f'''#!/usr/bin/env bash
+if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi
+{more}if [ "$1" = {trainer} ]; then
+    echo "$*" >> {tmp_path}/calls
+    out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
+    mkdir -p "$out" && cp {done}/log.jsonl {done}/summary.json "$out" && exit 0
+fi
+exec {PY} "$@"
+''')
+    (shim / 'python').chmod(0o755)
+    return dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(tmp_path / 'out'))
+
+
 def test_gpu_step_script_trains_each_model_with_its_fastest_passing_variant(tmp_path):
     """experiments/gpu_step.sh with `python` shimmed (bench.py and train.py faked): the fastest
     variant whose gradients passed, a .backward() one as train.py's default mode, goes to train.py
     as --compile_mode and --micro_batch (of the 800 sequences); a WRONG or failed one never."""
-    shim = tmp_path / 'bin'
-    shim.mkdir()
-    done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
     rows = [dict(model='gpt', micro_batches=16, mode='default', accumulation='backward',
                  ms_per_step=469, grad_ok=True),
             dict(model='gpt', micro_batches=16, mode='reduce-overhead', accumulation='grad',
@@ -722,20 +739,10 @@ def test_gpu_step_script_trains_each_model_with_its_fastest_passing_variant(tmp_
                  ms_per_step=713, grad_ok=True),
             dict(model='aed', error='OutOfMemoryError')]
     (tmp_path / 'bench.json').write_text(json.dumps({'step': rows}))
-    (shim / 'python').write_text(f'''#!/usr/bin/env bash
-if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi
-if [ "$1" = bench.py ]; then
+    env = gpu_script_env(tmp_path, 'train.py', more=f'''if [ "$1" = bench.py ]; then
     cp {tmp_path}/bench.json "$(printf '%s\\n' "$@" | sed -n 's/^--out_json=//p')"; exit 0
 fi
-if [ "$1" = train.py ]; then
-    echo "$*" >> {tmp_path}/calls
-    out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
-    mkdir -p "$out" && cp {done}/log.jsonl {done}/summary.json "$out" && exit 0
-fi
-exec {PY} "$@"
 ''')
-    (shim / 'python').chmod(0o755)
-    env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(tmp_path / 'out'))
     p = subprocess.run(['bash', 'experiments/gpu_step.sh'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -750,20 +757,7 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
     """experiments/gpu_train_step.sh with `python` shimmed (the probe faked, its runs copied from a
     finished one): each run name goes to its config, probe way and dataset, random ids are written
     as many as the text's, and the table lists the runs that finished."""
-    shim = tmp_path / 'bin'
-    shim.mkdir()
-    done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
-    (shim / 'python').write_text(f'''#!/usr/bin/env bash
-if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi
-if [ "$1" = experiments/gpu_probe.py ]; then
-    echo "$*" >> {tmp_path}/calls
-    out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
-    mkdir -p "$out" && cp {done}/log.jsonl {done}/summary.json "$out" && exit 0
-fi
-exec {PY} "$@"
-''')
-    (shim / 'python').chmod(0o755)
-    env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(tmp_path / 'out'))
+    env = gpu_script_env(tmp_path, 'experiments/gpu_probe.py')
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_random', 'aed_aten',
                         'gpt_profile', 'aed_pad64', 'gpt_nocudnn'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
