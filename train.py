@@ -262,7 +262,7 @@ if compile and start_step < train_steps:  # (a finished run takes no step)
     if master:
         print("compiling the model with torch.compile in the first step: about a minute "
               "(--compile=False skips it)")
-    model = torch.compile(model, mode=compile_mode, dynamic=False)  # static B: estimates' differs
+    model = torch.compile(model, mode=compile_mode, dynamic=False)  # B static (estimates differ)
 eval_model = model  # rank 0 evaluates without the DDP wrapper
 if ddp:
     model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)

@@ -18,7 +18,12 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
-way, out_json = sys.argv[1], sys.argv[2] if sys.argv[2] != "--" else None
+WAYS = ("inductor", "aten", "profile", "nocudnn")
+head = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else []
+if not 1 <= len(head) <= 2 or head[0] not in WAYS or head[0] == "profile" and len(head) < 2:
+    sys.exit(f"usage: python experiments/gpu_probe.py WAY [OUT_JSON] -- train.py ARGS... (WAY: one "
+             f"of {', '.join(WAYS)}; profile needs OUT_JSON)")
+way, out_json = head[0], head[1] if len(head) > 1 else None
 sys.argv = sys.argv[sys.argv.index("--") + 1:]
 sys.path.insert(0, os.getcwd())  # train.py's own imports
 

@@ -26,7 +26,8 @@ for name in "${ORDER[@]}"; do
 done
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT.log") 2>&1
-python -c 'import torch; print("===", torch.cuda.get_device_name(0), torch.__version__)' || exit 1
+python -c 'import sys, torch; torch.cuda.is_available() or sys.exit("error: no CUDA GPU here")
+print("===", torch.cuda.get_device_name(0), torch.__version__)' || exit 1
 [ -f data/wikipedia/train.bin ] || python prepare.py
 python - <<'PY'
 import json, os, shutil

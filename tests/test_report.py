@@ -10,6 +10,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 PY = sys.executable
@@ -756,7 +757,8 @@ fi
 def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
     """experiments/gpu_train_step.sh with `python` shimmed (the probe faked, its runs copied from a
     finished one): each run name goes to its config, probe way and dataset, random ids are written
-    as many as the text's, and the table lists the runs that finished."""
+    as many as the text's, and the table lists the runs that finished. An unknown run, or no GPU:
+    one line."""
     env = gpu_script_env(tmp_path, 'experiments/gpu_probe.py')
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_random', 'aed_aten',
                         'gpt_profile', 'aed_pad64', 'gpt_nocudnn'], cwd=ROOT, env=env,
@@ -779,11 +781,16 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_fast'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and 'unknown run gpt_fast' in p.stderr
+    if not torch.cuda.is_available():  # the real python here: no GPU, said in one line
+        env = dict(os.environ, OUT=str(tmp_path / 'nogpu'))
+        p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_inductor'], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 1 and p.stdout + p.stderr == 'error: no CUDA GPU here\n'
 
 
 def test_gpu_probe_aten_way_keeps_the_gradients_without_atomics(tmp_path):
     """experiments/gpu_probe.py aten: the embedding, compiled, runs ATen's backward (no atomic adds
-    in Inductor's code) and gives the gradients eager mode gives."""
+    in Inductor's code) and gives the gradients eager mode gives. Wrong arguments: one line."""
     (tmp_path / 'train.py').write_text('''
 import torch
 from torch._inductor.utils import run_and_get_code
@@ -813,6 +820,12 @@ print("equal", all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(co
         out[way] = p.stdout.split()
     assert out['inductor'] == ['atomics', 'True', 'equal', 'True']  # the probe's subject
     assert out['aten'] == ['atomics', 'False', 'equal', 'True']
+    # a way it does not know, no `--`, a profile without its JSON: one line, before train.py runs
+    for args in (['pad64', '--', 'train.py'], ['aten', 'train.py'], ['profile', '--', 'train.py']):
+        p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), *args],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and p.stderr.startswith('usage: ') and p.stdout == '', p.stderr
+        assert len(p.stderr.splitlines()) == 1
 
 
 def test_cpu_study_script_resumes_restarts_skips_and_scrubs_paths(tmp_path):
