@@ -21,6 +21,14 @@ def train_defaults():
     return ns["DEFAULTS"]
 
 
+def pytest_configure(config):
+    # one torch thread in the test process, as OMP_NUM_THREADS=1 gives the scripts the tests run:
+    # the tensors are tiny, and extra threads only add overhead (on a busy machine 40x: 300 tokens
+    # of a tiny model took 7.7 s with 2 threads beside two training runs, 0.19 s with one)
+    import torch
+    torch.set_num_threads(1)
+
+
 def signal_after_reader_gone(proc, sig, timeout):
     """Send sig to proc once the reader of its output pipe has gone (as `... | tee log` after the
     same Ctrl-C stopped tee): nothing it writes can arrive. Returns its exit status."""

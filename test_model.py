@@ -28,16 +28,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny tensors: extra threads only add overhead, and on a busy shared machine a lot of it
-    # (30x measured)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # -----------------------------------------------------------------------------
 # reference implementation of docs/model.md. p maps model.named_parameters() names to float64
 # tensors. Shapes: B batch, T time, C n_embed, V vocab.
