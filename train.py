@@ -119,6 +119,7 @@ if compile_mode == 'auto':  # CUDA graphs: ~3x faster steps for the author's (do
 graphs = compile and compile_mode in ('reduce-overhead', 'max-autotune')  # CUDA graphs
 if graphs and (device_type != 'cuda' or ddp):
     die(f"compile_mode {compile_mode} uses CUDA graphs: on one CUDA device without DDP only")
+mark_step = torch.compiler.cudagraph_mark_step_begin if graphs else lambda: None  # CUDA graphs only
 run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
 catch_signals(run)  # a signal or a lost DDP rank now waits for a save under way, names the last
 if ddp:
@@ -274,7 +275,7 @@ def mean_ce(m, data, starts):
     m.eval()
     for i in range(0, len(starts), batch_size):
         X, Y = get_batch(data, starts[i:i + batch_size])
-        torch.compiler.cudagraph_mark_step_begin()
+        mark_step()
         with autocast:
             total += m(X, Y, return_logits=False)[1].float() * len(X)
     m.train()
@@ -320,8 +321,7 @@ if master and wandb_log:
                name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)))
 
 # training loop
-step = start_step
-est_s, step_times = None, []  # an estimate's and the steps' times, for the expected time
+step, est_s, step_times = start_step, None, []  # est_s, step_times: for the expected time
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
     improved = None  # True: this step's estimate is the best so far; None: no estimate
@@ -365,7 +365,7 @@ while True:
         t_data = time.time()
         X, Y = get_batch(train_data, ix)
         data_s += time.time() - t_data
-        torch.compiler.cudagraph_mark_step_begin()  # a new forward: CUDA graphs may reuse memory
+        mark_step()  # a new forward: CUDA graphs may reuse memory
         with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():
             with autocast:
                 _, loss = model(X, Y, return_logits=False)  # the loss alone: no logits kept
