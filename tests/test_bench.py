@@ -21,8 +21,9 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 def test_bench_quick(tmp_path):
     out = tmp_path / "bench.json"
     # the timeout only catches a hang
-    p = subprocess.run([sys.executable, "bench.py", "--quick", f"--out_json={out}"], cwd=HERE,
-                       capture_output=True, text=True, env=ENV, timeout=1800)
+    # one timed run per measurement: the figures' plumbing is tested, not their noise
+    p = subprocess.run([sys.executable, "bench.py", "--quick", "--repeats=1", f"--out_json={out}"],
+                       cwd=HERE, capture_output=True, text=True, env=ENV, timeout=1800)
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     assert r["machine"]["threads"] >= 1 and r["matmul_peak_flops"] > 0
@@ -95,7 +96,7 @@ def test_bench_step_dry(tmp_path):
     the gradient reference, every other variant's gradients equal to it (float32 on CPU: the
     accumulation and the split change only rounding), a profile summary for each."""
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "bench.py", "--sections=step", "--dry",
+    p = subprocess.run([sys.executable, "bench.py", "--sections=step", "--dry", "--step_steps=1",
                         f"--out_json={out}"], cwd=HERE, capture_output=True, text=True, env=ENV,
                        timeout=900)
     assert p.returncode == 0, p.stderr
