@@ -1,24 +1,10 @@
-"""What the test files (and bench.py) share: the repository's root, and train.py's defaults."""
-import dataclasses
+"""What the test files share: the repository's root, train.py's defaults (report.py reads them
+without torch), one torch thread, a signal sent after the reader of a pipe has gone."""
 import os
 import signal
 import sys
 
-from configurator import collect_defaults
-
 ROOT = os.path.dirname(os.path.abspath(__file__))
-
-
-def train_defaults():
-    """train.py's config keys and defaults, read without running train.py: the block between its
-    first two '# ---' lines, run with what it needs."""
-    from model import ModelConfig
-    with open(os.path.join(ROOT, "train.py")) as f:
-        head = f.read().split("\n# " + "-" * 77 + "\n")[1]
-    ns = {"dataclasses": dataclasses, "ModelConfig": ModelConfig,
-          "collect_defaults": collect_defaults}
-    exec(head, ns)
-    return ns["DEFAULTS"]
 
 
 def pytest_configure(config):
@@ -43,3 +29,4 @@ def signal_after_reader_gone(proc, sig, timeout):
 
 
 sys.path.insert(0, os.path.join(ROOT, 'experiments'))  # report.py, which the tests import
+from report import train_defaults  # noqa: E402,F401 (the tests import it from here)

@@ -101,8 +101,9 @@ def parse_args(argv):
 # reading runs
 
 def train_defaults():
-    """train.py's keys and defaults, as conftest.train_defaults() gives them, read from the source
-    (report.py needs no torch): train.py's literals up to DEFAULTS, then ModelConfig's fields."""
+    """train.py's keys and defaults read from the source, without torch (tests/test_train.py's
+    test_help checks them against train.py --help): train.py's literals up to DEFAULTS, then
+    ModelConfig's fields."""
     defaults = {}
     for path, cls in (('train.py', None), ('model.py', 'ModelConfig')):
         with open(os.path.join(ROOT, path)) as f:

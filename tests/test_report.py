@@ -470,12 +470,6 @@ def test_seed_groups_never_pool_two_configs_in_any_order(tmp_path):
     assert '- aed: 3 seeds (1, 2, 3):' in p.stdout and ' seeds (1, 2, 3, 4)' not in p.stdout
 
 
-def test_defaults_read_without_torch_are_train_pys():
-    import report
-    from conftest import train_defaults
-    assert report.train_defaults() == train_defaults()
-
-
 def test_paired_differences_get_a_95_percent_interval(tmp_path):
     aed = write_seeds(tmp_path, 'aed', [{'arch': 'aed'}] * 3, [3.40, 3.50, 3.42])
     gpt = write_seeds(tmp_path, 'gpt', [{'arch': 'gpt'}] * 3, [3.45, 3.44, 3.50])

@@ -170,7 +170,7 @@ def test_help(script, sources, line):
         shown = re.search(rf'^  {key} = .*$', p.stdout, re.M).group(0)
         if key in comments:
             assert shown.endswith('# ' + comments[key]), shown
-    if script == 'train.py':  # conftest's reading of train.py is what train.py runs with
+    if script == 'train.py':  # report.py's reading of train.py is what train.py runs with
         assert keys == list(train_defaults())
         for key, value in train_defaults().items():
             assert re.search(rf'^  {key} = {re.escape(repr(value))}( |$)', p.stdout, re.M), key
