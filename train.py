@@ -321,7 +321,7 @@ if master and wandb_log:
                name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)))
 
 # training loop
-step, est_s, step_times = start_step, None, []  # est_s, step_times: for the expected time
+step, est_s, step_times = start_step, None, []
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
     improved = None  # True: this step's estimate is the best so far; None: no estimate
