@@ -84,6 +84,15 @@ report() {  # the pilot's table and the study's, each with the floors of its 1M 
             ${pairs[@]+"--compare=$(IFS=';'; echo "${pairs[*]}")"}
     } > "$STUDY.md.tmp"
     mv "$STUDY.md.tmp" "$STUDY.md"
+    local pair=()  # the key pair's chart, val and train: does either overfit?
+    for r in "${done[@]}"; do
+        case ${r##*/} in baseline|baseline_seed*|aed_mse_possub|aed_mse_possub_seed*) pair+=("$r");;
+        esac
+    done
+    [ ${#pair[@]} -gt 0 ] || return 0
+    python experiments/report.py "${pair[@]}" ${fl[@]+"${fl[@]}"} --x=epochs --train=True \
+        --svg="${STUDY}_pair.svg" \
+        --title="aed_mse_possub vs baseline, by seed: val (thick) and train (thin)" > /dev/null
 }
 
 echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
