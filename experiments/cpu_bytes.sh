@@ -16,8 +16,9 @@
 # best checkpoint scores lower on all of val.bin is the dropout arm's, for both models.
 #
 # $ bash experiments/cpu_bytes.sh                 (from anywhere; resumable: run it again after a
-#                                                  stop; ~18 h of a 2-core machine: bytes.md's
-#                                                  wall times, 45 min to 3 h a run, two at a time)
+#                                                  stop; ~17 h of a 2-core machine: the wall
+#                                                  times of bytes.md and bytes_pilot.md, 37 min
+#                                                  to 3 h a run, two at a time)
 # $ REPORT_ONLY=1 bash experiments/cpu_bytes.sh   (only the tables and charts, from what is done)
 #
 # Runs train in out-bytes/<run> (checkpoints: not in git); what is committed goes to
