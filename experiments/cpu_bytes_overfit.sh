@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The claim in its own regime: the byte pair where the GPT overfits, as in the author's runs.
+#
+# The byte configs (config/bytes_baseline.py, config/bytes_aed_mse_possub.py) on the first 700,000
+# bytes of data/wikipedia_bytes for 5,600 steps of 16 x 256 bytes (32.8 epochs; the 1M-byte study,
+# cpu_bytes.sh, saw 24.6 and neither model turned up), one thread each, two at a time.
+#
+# Endpoints, declared before the first run: train.py's whole-val loss (all of val.bin) of the last
+# model (the author's measure) and of the best checkpoint (the lowest val estimate); AED - GPT
+# paired by seed (1337, 2, 3, 4, 5), with 95% t intervals (report.py --compare). Beside them, the
+# count-model floors of the same 700,000 bytes (experiments/floors.py, to order 8).
+#
+# The gate: first one GPT pilot at seed 0 (not a study seed). The key pair runs only if the pilot
+# overfits: its best val estimate at least 1,000 steps before its last, and its last model at
+# least 0.01 above its best on all of val.bin. If the 700,000-byte pilot fails, the one adjustment
+# is fewer bytes: the first 500,000 for the same 5,600 steps (45.9 epochs), a second pilot with
+# the same gate; if that fails too, the script stops and says so.
+#
+# $ bash experiments/cpu_bytes_overfit.sh                (resumable: run it again after a stop;
+#                                                         about 6-8 h of a 2-core machine)
+# $ REPORT_ONLY=1 bash experiments/cpu_bytes_overfit.sh  (only the tables and charts)
+#
+# Runs train in out-bytes-overfit/<run> (checkpoints: not in git); the committed copies go to
+# experiments/bytes_overfit_pilot/<run> and experiments/bytes_overfit/<run>.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRA=("$@")  # a smoke test's overrides, e.g. --train_steps=4 --est_interval=2
+OUT=${OUT:-out-bytes-overfit}
+OUT_NAME=out-bytes-overfit
+PILOT=${PILOT:-experiments/bytes_overfit_pilot}
+STUDY=${STUDY:-experiments/bytes_overfit}
+STEPS=5600
+ARGS=(--train_steps=$STEPS)
+source experiments/runs.sh  # run, launch, finish: each run once, resumable, two at a time
+SEEDS=(1337 2 3 4 5)
+sfx() { [ "$1" = 1337 ] && echo "" || echo "_seed$1"; }
+PILOT_RUNS=(baseline_700k baseline_500k)
+RUNS=()
+for s in "${SEEDS[@]}"; do RUNS+=("baseline$(sfx "$s")" "aed_mse_possub$(sfx "$s")"); done
+floors() { echo "experiments/bytes_$(( $1 / 1000 ))k_floors.json"; }  # a slice's, to order 8
+
+overfits() {  # overfits <pilot run>: prints yes or no, and why, from its committed copy
+    python - "$PILOT/$1" $STEPS <<'EOF'
+import json, sys
+run, steps = sys.argv[1], int(sys.argv[2])
+s = json.load(open(f"{run}/summary.json"))
+est = [json.loads(line) for line in open(f"{run}/log.jsonl") if '"type": "est"' in line]
+best = min(est, key=lambda r: r["val"])["step"]
+rise = s["whole_val_last"] - s["whole_val_best"]
+ok = best <= s["train_steps"] - 1000 and rise >= 0.01
+print("yes" if ok else "no", f"(best estimate at step {best:,} of {s['train_steps']:,}; whole val"
+      f" {s['whole_val_last']:.4f} at the end, {s['whole_val_best']:.4f} at the best: {rise:+.4f})")
+EOF
+}
+
+report() {  # the pilot's table and the study's, each with the floors of its slice
+    local done=() r fl=()
+    for r in "${PILOT_RUNS[@]}"; do RES=$PILOT have "$r" && done+=("$PILOT/$r"); done
+    if [ ${#done[@]} -gt 0 ]; then
+        [ -f "$(floors 700000)" ] && fl=(--floors="$(floors 700000)")
+        {
+            echo "The overfitting pilot (experiments/cpu_bytes_overfit.sh): the GPT at seed 0;" \
+                 "${#done[@]} of ${#PILOT_RUNS[@]} possible runs."
+            echo
+            python experiments/report.py "${done[@]}" ${fl[@]+"${fl[@]}"} --x=epochs \
+                --train=True --svg="$PILOT.svg" --title="val (thick) and train, the pilot"
+        } > "$PILOT.md.tmp"
+        mv "$PILOT.md.tmp" "$PILOT.md"
+    fi
+    done=() fl=()
+    for r in ${RUNS[@]+"${RUNS[@]}"}; do RES=$STUDY have "$r" && done+=("$STUDY/$r"); done
+    [ ${#done[@]} -gt 0 ] || return 0
+    [ -f "$(floors "$TOKENS")" ] && fl=(--floors="$(floors "$TOKENS")")
+    local cmp=()
+    RES=$STUDY have aed_mse_possub && RES=$STUDY have baseline && \
+        cmp=(--compare=aed_mse_possub,baseline)
+    {
+        echo "The byte pair where the GPT overfits (experiments/cpu_bytes_overfit.sh):" \
+             "${#done[@]} of ${#RUNS[@]} runs finished."
+        echo
+        python experiments/report.py "${done[@]}" ${fl[@]+"${fl[@]}"} --x=epochs \
+            ${cmp[@]+"${cmp[@]}"} --svg="$STUDY.svg" \
+            --title="val loss, bytes where the GPT overfits (${#done[@]} of ${#RUNS[@]} runs)"
+    } > "$STUDY.md.tmp"
+    mv "$STUDY.md.tmp" "$STUDY.md"
+    python experiments/report.py "${done[@]}" ${fl[@]+"${fl[@]}"} --x=epochs --train=True \
+        --svg="${STUDY}_pair.svg" \
+        --title="aed_mse_possub vs baseline, by seed: val (thick) and train (thin)" > /dev/null
+}
+
+pilot() {  # pilot <run> <bytes>: the GPT at seed 0 on the first <bytes> bytes; says yes or no
+    RES=$PILOT run "$1" bytes_baseline --train_tokens="$2" --seed=0 >&2
+    report >&2
+    overfits "$1"
+}
+
+echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+TOKENS=700000
+RES=$PILOT have baseline_500k && TOKENS=500000  # the one adjustment was made
+if [ -n "${REPORT_ONLY:-}" ]; then
+    report
+    exit 0
+fi
+python prepare.py --tokenizer=bytes  # data/wikipedia_bytes (a second)
+mkdir -p "$PILOT" "$STUDY"
+
+verdict=$(pilot baseline_700k 700000)
+echo "=== the 700,000-byte pilot overfits: $verdict"
+if [ "${verdict%% *}" != yes ]; then
+    TOKENS=500000
+    verdict=$(pilot baseline_500k $TOKENS)
+    echo "=== the 500,000-byte pilot overfits: $verdict"
+    if [ "${verdict%% *}" != yes ]; then
+        echo "=== neither pilot overfits by the gate: no study runs"; exit 1
+    fi
+fi
+for s in "${SEEDS[@]}"; do  # seed by seed: what is finished is a set of whole seeds
+    RES=$STUDY launch "baseline$(sfx "$s")" bytes_baseline --train_tokens=$TOKENS --seed="$s"
+    RES=$STUDY launch "aed_mse_possub$(sfx "$s")" bytes_aed_mse_possub --train_tokens=$TOKENS \
+        --seed="$s"
+done
+RES=$STUDY finish
