@@ -39,11 +39,9 @@ import time
 import torch
 
 from checkpoint import atomic_write, model_config_of
-from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
+from configurator import (ConfigError, collect_defaults, die, first_line, load_config,
+                          resolve_device, train_defaults)
 from model import ModelConfig, build_model
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
-from report import train_defaults  # noqa: E402 (train.py's keys, read without running it)
 
 # -----------------------------------------------------------------------------
 quick = False  # about a minute instead of about seven (small models only, no compiled variants)

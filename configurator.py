@@ -265,6 +265,28 @@ def collect_defaults(namespace):
     return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, NONE_OK)}
 
 
+def train_defaults():
+    """train.py's keys and defaults, read from its source without torch (for the other scripts):
+    train.py's literals up to DEFAULTS, then model.py's ModelConfig fields."""
+    defaults = {}
+    for path, cls in (('train.py', None), ('model.py', 'ModelConfig')):
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), path)) as f:
+            body = ast.parse(f.read()).body
+        if cls:
+            body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+        for node in body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, 'target', 0)
+            if not isinstance(target, ast.Name) or node.value is None or target.id.startswith('_'):
+                continue
+            if target.id == 'DEFAULTS':
+                break  # the end of train.py's defaults block
+            try:
+                defaults[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass  # not a literal: not a key
+    return defaults
+
+
 def resolve_device(device, dtype):
     """(device, device_type, dtype) on this machine, 'auto' resolved as train.py's keys say."""
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):

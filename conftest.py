@@ -1,4 +1,4 @@
-"""What the test files share: the repository's root, train.py's defaults (report.py reads them
+"""What the test files share: the repository's root, train.py's defaults (read
 without torch), one torch thread, a signal sent after the reader of a pipe has gone."""
 import os
 import signal
@@ -29,4 +29,4 @@ def signal_after_reader_gone(proc, sig, timeout):
 
 
 sys.path.insert(0, os.path.join(ROOT, 'experiments'))  # report.py, which the tests import
-from report import train_defaults  # noqa: E402,F401 (the tests import it from here)
+from configurator import train_defaults  # noqa: E402,F401 (the tests import it from here)

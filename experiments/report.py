@@ -30,7 +30,7 @@ from xml.sax.saxutils import escape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)  # for configurator.py, when run as python experiments/report.py
-from configurator import ConfigError, die, load_config  # noqa: E402
+from configurator import ConfigError, die, load_config, train_defaults  # noqa: E402
 
 # what the configs of one group's runs may differ in: the seed (it picks the members), and keys
 # that say where a run was written, how it was watched or how long a rank waits, none of which
@@ -99,29 +99,6 @@ def parse_args(argv):
 
 # -----------------------------------------------------------------------------
 # reading runs
-
-def train_defaults():
-    """train.py's keys and defaults read from the source, without torch (tests/test_train.py's
-    test_help checks them against train.py --help): train.py's literals up to DEFAULTS, then
-    ModelConfig's fields."""
-    defaults = {}
-    for path, cls in (('train.py', None), ('model.py', 'ModelConfig')):
-        with open(os.path.join(ROOT, path)) as f:
-            body = ast.parse(f.read()).body
-        if cls:
-            body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
-        for node in body:
-            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, 'target', 0)
-            if not isinstance(target, ast.Name) or node.value is None or target.id.startswith('_'):
-                continue
-            if target.id == 'DEFAULTS':
-                break  # the end of train.py's defaults block
-            try:
-                defaults[target.id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass  # not a literal: not a key
-    return defaults
-
 
 DEFAULTS = train_defaults()
 
