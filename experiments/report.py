@@ -242,14 +242,16 @@ def table(runs):
 
 def read_floors(path, runs):
     # experiments/floors.py's JSON, with where the runs stand against the floors: the whole-val
-    # loss of each run's best model (what an early stop would keep) against the lowest floor
+    # loss of each run's best model (what an early stop would keep) against the lowest floor and,
+    # where the JSON has modified Kneser-Ney, each group's between which two floors
     from floors import floors_line
     try:
         with open(path) as f:
             r = json.load(f)
     except (OSError, ValueError) as e:
         die(f"--floors: cannot read {path} ({getattr(e, 'strerror', None) or e})")
-    lowest = min(r['floors'].values())
+    r['named'] = named_floors(r)
+    lowest = min(r['named'].values())
     scored = [x for x in runs if x['whole_best'] is not None]
     other = [x['name'] for x in scored if x['train_tokens'] not in (None, r['train_tokens'])]
     scored = [x for x in scored if x['name'] not in other]
@@ -259,9 +261,36 @@ def read_floors(path, runs):
                      f"val.bin: {below} of {len(scored)}"
                      + (f" (not counted, trained on another slice: {', '.join(other)})." if other
                         else "."))
+        if 'floors_mkn' in r:
+            r['line'] += " Where the best models stand: " + "; ".join(
+                stand(name, [x['whole_best'] for x in group], r['named'])
+                for name, group in groups_of(scored).items()) + "."
     else:
         r['line'] = floors_line(r)
     return r
+
+
+def named_floors(r):
+    # {name: loss}: every order of interpolated Kneser-Ney, and modified Kneser-Ney's top order
+    named = {f"{n}-gram": v for n, v in r['floors'].items()}
+    if 'floors_mkn' in r:
+        n, v = list(r['floors_mkn'].items())[-1]
+        named[f"modified KN {n}-gram"] = v
+    return named
+
+
+def stand(name, losses, named):
+    # a group's losses against the floors: below the lowest floor above them all, above the
+    # highest below them all, and how many are below each floor inside their range
+    lo, hi, n = min(losses), max(losses), len(losses)
+    over = [k for k in named if named[k] > hi]
+    under = [k for k in named if named[k] < lo]
+    parts = [f"below the {min(over, key=named.get)}"] if over else []
+    parts += [f"{sum(x < named[k] for x in losses)} of {n} below the {k}"
+              for k in sorted(named, key=named.get, reverse=True) if lo <= named[k] <= hi]
+    parts += [f"above the {max(under, key=named.get)}"] if under else []
+    span = f"{n} runs, {lo:.3f}-{hi:.3f}" if n > 1 else f"{lo:.3f}"
+    return f"{name} ({span}) " + ", ".join(parts)
 
 
 def where_lines(runs):
@@ -539,13 +568,20 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step',
                f'</text>')
     out.append(f'<text transform="translate(18 {top + ph / 2}) rotate(-90)" text-anchor="middle">'
                f'{"loss (thick: val, thin dashed: train)" if train else "val loss"}</text>')
-    for n, v in floors.items():  # the count-model floors: grey, dotted, named at the right
+    placed = []  # (y, right end, width) of the labels so far: one that would overlap moves left
+    for name, v in floors.items():  # the count-model floors: grey, dotted, named at the right
         if lo <= v <= hi:
             out.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{left + pw}" y2="{py(v):.1f}" '
                        f'stroke="#888" stroke-dasharray="1,3"/>')
             y = py(v) - 4 if py(v) - 4 > top + 12 else py(v) + 14  # under a line at the top
-            out.append(f'<text x="{left + pw - 4}" y="{y:.1f}" text-anchor="end" '
-                       f'fill="#666">{n}-gram {v:.3f}</text>')
+            label = f"{name} {v:.3f}"
+            x, w = left + pw - 4, 7 * len(label)  # about 7 px a character at font-size 12
+            while hit := [r - w_ for y_, r, w_ in placed
+                          if abs(y - y_) < 12 and r - w_ < x and x - w < r]:
+                x = min(hit) - 8
+            placed.append((y, x, w))
+            out.append(f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end" '
+                       f'fill="#666">{escape(label)}</text>')
     # a colour per config; another seed of the same config gets its colour with a dash pattern
     group_of = {id(r): name for name, group in groups_of(runs).items() for r in group}
     styles, seen = [], {}
@@ -653,4 +689,4 @@ if __name__ == '__main__':
     if opts['svg']:
         write_atomic(opts['svg'], svg_chart(runs, opts['train'], opts['ymin'], opts['ymax'],
                                             opts['title'], opts['x'],
-                                            floors and floors['floors']))
+                                            floors and floors['named']))

@@ -5,6 +5,7 @@ real tiny train.py run fed through report.py end to end.
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -617,6 +618,25 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
             'best model is below the lowest floor on all of val.bin: 2 of 4.') in p.stdout
     svg = (tmp_path / 'c.svg').read_text()
     assert '>1-gram 3.900</text>' in svg and '>2-gram 3.260</text>' in svg
+    # with modified Kneser-Ney (floors.py's JSON now): where each group stands between the floors
+    new = tmp_path / 'floors_mkn.json'
+    new.write_text(json.dumps({'tokenizer': 'bytes', 'train_tokens': 5000,
+                               'floors': {'1': 3.9, '2': 3.26, '3': 3.255},
+                               'floors_mkn': {'1': 3.9, '2': 3.25, '3': 3.1}}))
+    p = run_report(*aed, *gpt, f'--floors={new}', f'--svg={tmp_path / "c.svg"}')
+    assert p.returncode == 0, p.stderr
+    assert ('Count-model floors (experiments/floors.py) from the first 5,000 bytes of train.bin, '
+            'on all of val.bin: interpolated Kneser-Ney 1-gram 3.900, 2-gram 3.260, 3-gram 3.255; '
+            'modified Kneser-Ney 3-gram 3.100. Runs whose best model is below the lowest floor on '
+            'all of val.bin: 0 of 4. Where the best models stand: aed (2 runs, 3.200-3.300) below '
+            'the 1-gram, 1 of 2 below the 2-gram, 1 of 2 below the 3-gram, above the modified KN '
+            '3-gram; gpt (2 runs, 3.250-3.310) below the 1-gram, 1 of 2 below the 2-gram, 1 of 2 '
+            'below the 3-gram, above the modified KN 3-gram.') in ' '.join(p.stdout.split())
+    svg = (tmp_path / 'c.svg').read_text()
+    assert '>3-gram 3.255</text>' in svg and '>modified KN 3-gram 3.100</text>' in svg
+    labels = re.findall(r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="end" fill="#666">', svg)
+    assert sorted(x for x, y in labels) == ['514.0', '606.0', '606.0', '606.0']  # 2- and 3-gram
+    # are 2.3 px apart: the second's label moves left of the first's ('2-gram 3.260': 12 characters)
     summary = json.load(open(os.path.join(gpt[0], 'summary.json')))  # gpt (3.25): another slice
     json.dump(dict(summary, train_tokens=2500), open(os.path.join(gpt[0], 'summary.json'), 'w'))
     assert ('below the lowest floor on all of val.bin: 1 of 3 (not counted, trained on another '
