@@ -580,7 +580,7 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step',
                           if abs(y - y_) < 12 and r - w_ < x and x - w < r]:
                 x = min(hit) - 8
             placed.append((y, x, w))
-            out.append(f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end" '
+            out.append(f'<text x="{x}" y="{y:.1f}" text-anchor="end" '
                        f'fill="#666">{escape(label)}</text>')
     # a colour per config; another seed of the same config gets its colour with a dash pattern
     group_of = {id(r): name for name, group in groups_of(runs).items() for r in group}
