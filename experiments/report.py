@@ -568,7 +568,7 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step',
                f'</text>')
     out.append(f'<text transform="translate(18 {top + ph / 2}) rotate(-90)" text-anchor="middle">'
                f'{"loss (thick: val, thin dashed: train)" if train else "val loss"}</text>')
-    placed = []  # (y, right end, width) of the labels so far: one that would overlap moves left
+    placed, labels = [], []  # (y, right end, width) of each label: an overlapping one moves left
     for name, v in floors.items():  # the count-model floors: grey, dotted, named at the right
         if lo <= v <= hi:
             out.append(f'<line x1="{left}" y1="{py(v):.1f}" x2="{left + pw}" y2="{py(v):.1f}" '
@@ -580,8 +580,9 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step',
                           if abs(y - y_) < 12 and r - w_ < x and x - w < r]:
                 x = min(hit) - 8
             placed.append((y, x, w))
-            out.append(f'<text x="{x}" y="{y:.1f}" text-anchor="end" '
-                       f'fill="#666">{escape(label)}</text>')
+            labels.append(f'<text x="{x}" y="{y:.1f}" text-anchor="end" fill="#666" '
+                          f'stroke="white" stroke-width="3" paint-order="stroke">{escape(label)}'
+                          f'</text>')
     # a colour per config; another seed of the same config gets its colour with a dash pattern
     group_of = {id(r): name for name, group in groups_of(runs).items() for r in group}
     styles, seen = [], {}
@@ -610,6 +611,7 @@ def svg_chart(runs, train=False, ymin=None, ymax=None, title=None, xaxis='step',
         s, _, v = r['curve'][-1]
         if lo <= v <= hi:
             out.append(f'<circle cx="{px(s):.1f}" cy="{py(v):.1f}" r="3" fill="{color}"/>')
+    out += labels  # over the curves, on a white outline: readable where a curve passes
     # legend, with each run's final val loss
     for i, (r, (color, dash)) in enumerate(zip(runs, styles)):
         y = top + 10 + 20 * i

@@ -634,7 +634,7 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
             'below the 3-gram, above the modified KN 3-gram.') in ' '.join(p.stdout.split())
     svg = (tmp_path / 'c.svg').read_text()
     assert '>3-gram 3.255</text>' in svg and '>modified KN 3-gram 3.100</text>' in svg
-    labels = re.findall(r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="end" fill="#666">', svg)
+    labels = re.findall(r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="end" fill="#666" ', svg)
     assert sorted(x for x, y in labels) == ['514', '606', '606', '606']  # 2- and 3-gram
     # are 2.3 px apart: the second's label moves left of the first's ('2-gram 3.260': 12 characters)
     summary = json.load(open(os.path.join(gpt[0], 'summary.json')))  # gpt (3.25): another slice
