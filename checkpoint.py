@@ -130,17 +130,18 @@ def load(path, keys=('model', 'config')):
                               f"weights dict)")
     try:
         c = model_config_of(config)
-    except KeyError as e:
-        raise CheckpointError(f"{path}: its config lacks {e}: not from this train.py") from None
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
-    # the config against the weights, before building anything. The tensor count grows by the same
-    # number a layer: a config claiming thousands of layers is refused without building them on meta
-    one, two = (len(expected_shapes(dataclasses.replace(c, n_layer=n))) for n in (1, 2))
-    if (count := one + (c.n_layer - 1) * (two - one)) != len(sd):
-        raise CheckpointError(f"{path}: its config (n_layer={c.n_layer}) means {count} weight "
-                              f"tensors, the file holds {len(sd)}")
-    for k, shape in expected_shapes(c).items():
+    # the config against the weights; a config claiming far more blocks than the file holds is
+    # refused before building them (on meta: shapes only)
+    for stack, n in (('blocks', c.n_layer), ('decoder_blocks', c.n_decoder_layer or 0)):
+        if n > (held := len({k.split('.')[1] for k in sd if k.startswith(stack + '.')})):
+            raise CheckpointError(f"{path}: its config asks for {n} {stack}, the file holds {held}")
+    shapes = expected_shapes(c)
+    if extra := sorted(set(sd) - set(shapes)):
+        raise CheckpointError(f"{path}: {extra[0]} is in the file but not in the model its "
+                              f"config builds")
+    for k, shape in shapes.items():
         if (got := tuple(sd[k].shape) if k in sd else 'missing') != shape:
             raise CheckpointError(f"{path}: {k} is {got} in the file, but its config (n_embed="
                                   f"{c.n_embed}, vocab_size={c.vocab_size}, context_size="
@@ -151,13 +152,13 @@ def load(path, keys=('model', 'config')):
     return ckpt, c
 
 
-def model_config_of(config):  # the ModelConfig of a run's config dict
-    return ModelConfig(**{k: config[k] for k in MODEL_KEYS})
+def model_config_of(config):  # a run's config dict; a field it lacks (older than it) has its default
+    return ModelConfig(**{k: config[k] for k in MODEL_KEYS if k in config})
 
 
 def resume_config(out_dir, defaults, argv):
-    """(config, ckpt, [(key, old, new, by_file)]): the config saved in out_dir/ckpt_last.pt, with
-    what argv sets on top (e.g. --train_steps=20000), except the model's shape."""
+    """(config, ckpt, [(key, old, new)]): the config saved in out_dir/ckpt_last.pt, with what argv
+    sets on top (e.g. --train_steps=20000), except the model's shape."""
     path = os.path.join(out_dir, 'ckpt_last.pt')
     if not os.path.isfile(path):
         raise ConfigError(f"--init_from=resume: no checkpoint at {path} (" + (
@@ -177,7 +178,5 @@ def resume_config(out_dir, defaults, argv):
         if config[k] != saved[k] and not same:
             raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
                               f"this run asks for {config[k]!r}")
-    flags = load_config(defaults, [a for a in argv if a.startswith('-')], base=saved)
-    changes = [(k, saved[k], v, flags[k] != v)  # True: a config file made it, not a --key=value
-               for k, v in config.items() if v != saved[k] and k != 'init_from']
+    changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']
     return config, ckpt, changes

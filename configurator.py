@@ -1,7 +1,7 @@
 """
 The scripts' config parser (docs/training.md, Configs): config files are plain Python, --key=value
 wins, types are checked against the defaults, a mistake is one line. And the one-line stop on a
-signal or a lost DDP rank (docs/robustness.md).
+signal while a script starts (docs/robustness.md).
 """
 import ast
 import difflib
@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import sys
-import threading
 import types
 
 NONE_OK = (type(None), bool, int, float, str)
@@ -45,59 +44,14 @@ def stop(signum, line):
         os._exit(128 + signum)
 
 
-_run = None  # train.py's RunDir: what a signal's line names
-_pipe = None  # where Python's C-level signal handler writes the signal's number
-_starting = threading.Lock()  # what a signal takes before there is a RunDir
-
-
-def catch_signals(run=None):
-    """Ctrl-C or SIGTERM, even in a torch op of minutes, ends the process with one line, exit status
-    128 + signal; with train.py's RunDir run, after a save under way, naming the step and save. So
-    does a lost DDP rank (exit status 1)."""
-    global _pipe, _run
-    _run = run
-    if run and os.environ.get("RANK"):
-        sys.excepthook = _lost_rank
-    first = _pipe is None  # the thread: once per process, started once the handlers are in place
-    if first and os.environ.get("RANK") and sys.platform == "linux":  # dies with torchrun
-        import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
-    if first:
-        _pipe = os.pipe()
-        os.set_blocking(_pipe[1], False)
-    for sig in SIGNALS:  # the main thread stops too, at its next bytecode: before it could die
-        # writing to a pipe that the same Ctrl-C closed (`| tee log`)
-        signal.signal(sig, lambda signum, frame: _stop(signum, wait=False))
-    signal.set_wakeup_fd(_pipe[1])
-    if first:
-        threading.Thread(target=_stop_on_signal, daemon=True).start()
-
-
-def _stop_on_signal():
-    while (signum := os.read(_pipe[0], 1)[0]) not in SIGNALS:
-        pass
-    _stop(signum)
-
-
-def _stop(signum, wait=True):  # after a save under way (the main thread, saving, goes on)
-    run = _run
-    if (run.saving if run else _starting).acquire(wait):
-        where = f"at step {run.step}; {run.last_saved()}" if run else "while starting"
-        stop(signum, f"error: interrupted by {signal.Signals(signum).name} {where}")
-
-
-def _lost_rank(kind, e, tb):  # a rank killed (kill -9, OOM): the others' collectives fail
-    import torch.distributed as dist
-    if not (isinstance(e, dist.DistError) or "gloo" in str(e) or "NCCL" in str(e)):
-        return sys.__excepthook__(kind, e, tb)
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    with _run.saving:  # one line: the signal torchrun sends next finds the lock taken
-        lost = f"rank {1 - rank}" if n == 2 else "a rank"
-        saved = _run.last_saved(advice=False) if rank == 0 else f"out_dir is {_run.dir}"
-        # __stderr__: init_process_group wraps this hook in one that buffers sys.stderr
-        print(f"error: rank {rank}: DDP lost {lost} at step {_run.step}; {saved}: continue with "
-              f"the same torchrun command and --init_from=resume", file=sys.__stderr__, flush=True)
-        os._exit(1)
+def catch_signals():
+    """For train.py while it starts (rundir.RunDir.catch_signals takes over once the run has a
+    folder): Ctrl-C or SIGTERM ends the process with one line, exit 128 + signum; a closed output
+    pipe (`| head`) ends it quietly, as it ends cat."""
+    for sig in SIGNALS:
+        signal.signal(sig, lambda signum, frame: stop(
+            signum, f"error: interrupted by {signal.Signals(signum).name} while starting"))
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
 def interrupt_on_signals():
@@ -178,7 +132,7 @@ def read_config_file(path, defaults, depth=0):
     def include(name):  # sets the other file's keys here; its path is relative to this file's
         other = os.path.join(os.path.dirname(path), name)
         if not os.path.isfile(other):
-            raise ConfigError(f"{path}: include({name!r}): config file not found: {other}")
+            raise ConfigError(f"{path}: include({name!r}): {not_a_config_file(other)}")
         if depth >= 8:
             raise ConfigError(f"{path}: include({name!r}): includes nested more than 8 deep "
                               f"(does a file include itself?)")

@@ -293,20 +293,18 @@ class Transformer(nn.Module):
         return logits if return_logits else None, loss
 
     # the AED's embedding loss (docs/model.md, Embedding loss)
-    def embedding_pair(self, E, enc, affine=True):
+    def embedding_pair(self, E, enc):
         """(avg, target), each (B, T, C): the embedding loss's two sides, from the embeddings E and
-        the encoder output enc. affine=False leaves out the loss LayerNorms' weights and biases."""
+        the encoder output enc."""
         E = E.detach() if self.config.detach_type == "EMBEDDING" else E
         enc = enc.detach() if self.config.detach_type == "ENCODER_OUT" else enc
-        ln = (lambda m, x: m(x)) if affine else (
-            lambda m, x: F.layer_norm(x, x.shape[-1:], eps=m.eps))
         if self.ln_b is not None:
-            enc = ln(self.ln_b, enc)
+            enc = self.ln_b(enc)
         if self.config.embedding_ln_type == "INIT":  # before averaging: positions weigh unevenly
-            E = ln(self.ln_a, E)
+            E = self.ln_a(E)
         avg = self.aggregate(E)
         if self.config.embedding_ln_type == "AVG_CUM_SUM":
-            avg = ln(self.ln_a, avg)
+            avg = self.ln_a(avg)
         return avg, enc
 
     def aggregate(self, E):
@@ -329,25 +327,10 @@ class Transformer(nn.Module):
             return (1 - (cos + 1) / 2).mean()
         return -torch.log((cos + 1) / 2).mean()  # LOG_COSINE
 
-    @torch.no_grad()
-    def embedding_loss_diagnostics(self, idx):
-        """What tells an embedding loss that teaches the embeddings from one that collapsed (its
-        LayerNorms' weights at 0: docs/model.md), on tokens idx (B, T) without dropout."""
-        was_training = self.training
-        _, E, enc = self.eval().hidden_states(idx)
-        self.train(was_training)
-        (avg, target), (avg0, target0) = (self.embedding_pair(E.float(), enc.float(), aff)
-                                          for aff in (True, False))
-        w = [getattr(ln, "weight", None) for ln in (self.ln_a, self.ln_b)]
-        wa, wb = (None if x is None else x.float().pow(2).mean().sqrt().item() for x in w)  # RMS
-        return {"loss": self.embedding_distance(avg, target).item(),
-                "loss_no_affine": self.embedding_distance(avg0, target0).item(),
-                "ln_a_weight_rms": wa, "ln_b_weight_rms": wb,
-                "cos_no_affine": F.cosine_similarity(avg0, target0, dim=-1).mean().item()}
-
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
-        """AdamW, weight decay on tensors of dim >= 2 only; fused on CUDA and CPU (~10x faster)."""
-        params = list(self.parameters())
+        """AdamW on the parameters that require grad (a frozen one stays put), weight decay on
+        tensors of dim >= 2 only; fused on CUDA and CPU (~10x faster)."""
+        params = [p for p in self.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas,

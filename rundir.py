@@ -9,14 +9,18 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
+import sys
 import threading
 import time
 
 import torch
 
 from checkpoint import CheckpointError, atomic_write, link, nonfinite, save, write_error
-from configurator import die
+from configurator import SIGNALS, die, stop
+
+STOP_SIGNALS = (*SIGNALS, signal.SIGPIPE)  # SIGPIPE: the output's reader has gone (`| tee` closed)
 
 
 def provenance():
@@ -99,12 +103,10 @@ class RunDir:
                         f"train into a new --out_dir=..., or replace it with --overwrite=True")
             print(f"{self.dir} holds a run stopped before its first checkpoint: starting it over",
                   flush=True)
-        files = ['ckpt_last.pt', 'ckpt_best.pt', 'summary.json']
-        # a killed run's .tmp files; from scratch the old run too, so a kill before the first save
-        # mixes nothing
-        for f in [f + '.tmp' for f in files] + (files + ['log.jsonl'] if scratch else []):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.path(f))
+        if scratch:  # the old run's files too, so a kill before the first save mixes nothing
+            for f in ('ckpt_last.pt', 'ckpt_best.pt', 'summary.json', 'log.jsonl'):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(self.path(f))
         if not scratch and os.path.isfile(log):  # a torn last line would glue onto the next record
             with open(log, 'rb+') as f:
                 torn = len(f.read().rpartition(b'\n')[2])
@@ -129,13 +131,14 @@ class RunDir:
             return
         if self.best_step == self.step:
             self._write(self.step, link, self.path('ckpt_last.pt'), self.path('ckpt_best.pt'))
-        if self.step >= train_steps:  # finished: its scores on all of val.bin stand
+        if self.step >= train_steps:  # finished: its summary.json (scores, wall time) stands
             with contextlib.suppress(OSError, ValueError, KeyError), \
                     open(self.path('summary.json')) as f:
                 old = json.load(f)
-                if old['step'] == self.step:
+                if old['step'] == self.step and old['status'] == 'finished':
                     self.whole = {k: old[k] for k in ('whole_val_last', 'whole_val_best',
                                                       'whole_val_tokens')}
+                    return
         self.summary(self.step)
 
     def elapsed(self):
@@ -178,7 +181,7 @@ class RunDir:
         except CheckpointError as e:  # a full disk, a read-only out_dir: the last one is intact
             die(f"{e}; stopped at step {step}: {self.last_saved()}")
 
-    def summary(self, step, status=None):
+    def summary(self, step, status=None, locked=False):
         device = self.facts['device']
         best = self.best_val_loss if self.best_val_loss < float('inf') else None
         gpu_mib = round(torch.cuda.max_memory_allocated(device) / 2**20) if 'cuda' in device \
@@ -191,16 +194,71 @@ class RunDir:
                    **self.whole,
                    'wall_time_s': round(self.elapsed(), 1), **self.facts,
                    'peak_gpu_memory_mib': gpu_mib}
-        with self.saving:  # a signal waits for it too: a kill leaves no summary.json.tmp
+        with contextlib.nullcontext() if locked else self.saving:  # a signal waits for it too
             self._write(step, atomic_write, self.path('summary.json'),
                         lambda f: f.write(json.dumps(summary, indent=2).encode()))
 
     def stop(self, step, reason):
         """Stop the run on every rank without saving: ckpt_last.pt stays the last good one."""
-        if self.master:
-            self.log({'type': 'stop', 'step': step, 'reason': reason})
-            self.summary(step, 'stopped: ' + reason)
+        with self.saving:
+            self.record_stop(step, reason)
         die(f"{reason} at step {step}; stopped without saving: {self.last_saved(advice=False)}")
+
+    def record_stop(self, step, reason):
+        """The stop in log.jsonl and summary.json: why, where, and how to go on (self.saving held)."""
+        if self.master and self.started:
+            resume = resume_command(self.dir) if self.saved_step is not None else None
+            self.log({'type': 'stop', 'step': step, 'reason': reason,
+                      'last_checkpoint_step': self.saved_step, 'resume': resume})
+            self.facts['resume'] = resume
+            self.summary(step, 'stopped: ' + reason, locked=True)
+
+    def catch_signals(self):
+        """From here a signal (Ctrl-C, SIGTERM, a closed output pipe), even in a torch op of
+        minutes, stops the run after a save under way: recorded, one line, exit 128 + signum.
+        A lost DDP rank: one line, exit 1."""
+        r, w = os.pipe()  # Python's C-level handler writes each signal's number here
+        os.set_blocking(w, False)
+        for sig in STOP_SIGNALS:  # the main thread stops too, at its next bytecode
+            signal.signal(sig, lambda signum, frame: self._stop(signum, wait=False))
+        signal.set_wakeup_fd(w)
+        threading.Thread(target=self._stop_on_signal, args=(r,), daemon=True).start()
+        sys.excepthook = self._excepthook
+        if os.environ.get('RANK') and sys.platform == 'linux':  # the rank dies with torchrun
+            import ctypes
+            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
+
+    def _stop_on_signal(self, r):
+        while (signum := os.read(r, 1)[0]) not in STOP_SIGNALS:
+            pass
+        self._stop(signum)
+
+    def _stop(self, signum, wait=True):  # the main thread, saving, goes on until its save is done
+        if self.saving.acquire(wait):
+            reason = f"interrupted by {signal.Signals(signum).name}"
+            with contextlib.suppress(SystemExit):  # a full disk must not keep it from stopping
+                self.record_stop(self.step, reason)
+            stop(signum, f"error: {reason} at step {self.step}; {self.last_saved()}")
+
+    def _excepthook(self, kind, e, tb):
+        if isinstance(e, BrokenPipeError):  # a print after the output's reader has gone
+            self._stop(signal.SIGPIPE)
+        import torch.distributed as dist
+        if not (os.environ.get('RANK') and (isinstance(e, dist.DistError) or "gloo" in str(e)
+                                            or "NCCL" in str(e))):
+            return sys.__excepthook__(kind, e, tb)
+        # a rank killed (kill -9, OOM): the others' collectives fail
+        rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        with self.saving:  # one line: the signal torchrun sends next finds the lock taken
+            lost = f"rank {1 - rank}" if n == 2 else "a rank"
+            saved = self.last_saved(advice=False) if rank == 0 else f"out_dir is {self.dir}"
+            with contextlib.suppress(SystemExit):
+                self.record_stop(self.step, f"DDP lost {lost}")
+            # __stderr__: init_process_group wraps this hook in one that buffers sys.stderr
+            print(f"error: rank {rank}: DDP lost {lost} at step {self.step}; {saved}: continue "
+                  f"with the same torchrun command and --init_from=resume", file=sys.__stderr__,
+                  flush=True)
+            os._exit(1)
 
     def last_saved(self, advice=True):
         """The last checkpoint (or none yet), and with advice how to go on from it."""

@@ -488,6 +488,26 @@ def test_embedding_loss_layernorms_exist_only_when_used():
     assert "ln_b" not in names(tiny(embedding_loss_type="MSE", use_ln_on_encoder_out=False))
 
 
+@torch.no_grad()
+def embedding_loss_diagnostics(m, idx):
+    """The embedding loss on idx (eval mode), and its twin without the loss LayerNorms' weights and
+    biases (what only the embeddings can lower), and the RMS of those weights."""
+    m.eval()
+    _, E, enc = m.hidden_states(idx)
+    avg, target = m.embedding_pair(E, enc)
+    saved = m.ln_a, m.ln_b  # swapped for LayerNorms without weights and biases, then back
+    m.ln_a, m.ln_b = (torch.nn.LayerNorm(ln.normalized_shape, eps=ln.eps, elementwise_affine=False)
+                      for ln in saved)
+    avg0, target0 = m.embedding_pair(E, enc)
+    m.ln_a, m.ln_b = saved
+    m.train()
+    rms = [None if ln.weight is None else ln.weight.pow(2).mean().sqrt().item()
+           for ln in (m.ln_a, m.ln_b)]
+    return {"loss": m.embedding_distance(avg, target).item(),
+            "loss_no_affine": m.embedding_distance(avg0, target0).item(),
+            "ln_a_weight_rms": rms[0], "ln_b_weight_rms": rms[1]}
+
+
 def test_embedding_loss_diagnostics_tell_a_collapse():
     """At init the loss LayerNorms' affine parts are the identity: the diagnostics' loss equals the
     training loss and its no-affine twin. Collapsed by hand (both weights 0, biases equal) the loss
@@ -495,7 +515,7 @@ def test_embedding_loss_diagnostics_tell_a_collapse():
     cfg = tiny(context_size=8, embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_NO_LN")
     m = build_model(cfg)
     idx = torch.randint(0, 64, (3, 8))
-    d = m.embedding_loss_diagnostics(idx)
+    d = embedding_loss_diagnostics(m, idx)
     m.train()
     m(idx, idx)
     assert d["loss"] == pytest.approx(m.last_embedding_loss.item(), rel=1e-6)
@@ -503,7 +523,7 @@ def test_embedding_loss_diagnostics_tell_a_collapse():
     assert d["ln_a_weight_rms"] == d["ln_b_weight_rms"] == 1.0
     with torch.no_grad():
         m.ln_a.weight.zero_(), m.ln_b.weight.zero_(), m.ln_a.bias.fill_(0.3), m.ln_b.bias.fill_(0.3)
-    collapsed = m.embedding_loss_diagnostics(idx)
+    collapsed = embedding_loss_diagnostics(m, idx)
     assert (collapsed["loss"] == 0.0
             and collapsed["ln_a_weight_rms"] == collapsed["ln_b_weight_rms"] == 0.0)
     assert collapsed["loss_no_affine"] == pytest.approx(d["loss_no_affine"], rel=1e-6)
@@ -521,7 +541,7 @@ def embedding_loss_after_training(affine, steps=60):
         m(X, Y)[1].backward()
         opt.step()
         opt.zero_grad()
-    return m.embedding_loss_diagnostics(X)
+    return embedding_loss_diagnostics(m, X)
 
 
 def test_embedding_loss_collapses_through_the_layernorms_unless_they_are_fixed():

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from checkpoint import CheckpointError, load, model_config_of, resume_config
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from model import ModelConfig, build_model
-from rundir import RunDir, duration, provenance, resume_command
+from rundir import RunDir, duration, provenance
 
 print = functools.partial(print, flush=True)  # every line shows at once, in a log file too
 
@@ -52,8 +52,8 @@ wandb_run_name = ''    # '' -> the out_dir name
 data_dir = 'data'      # where prepare.py wrote the data
 dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.py makes them)
 train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it)
-batch_size = 50        # sequences per micro-step per process
-gradient_accumulation_steps = 16  # micro-steps per optimizer step, in total: split across DDP ranks
+batch_size = 50        # a step: batch_size x gradient_accumulation_steps sequences, all ranks
+gradient_accumulation_steps = 16  # (estimates: batches of batch_size; split across DDP ranks)
 micro_batch = 200      # at most this many sequences a forward (0: batch_size), fewest forwards
 # model: every field of model.py's ModelConfig is a key too (arch, vocab_size, context_size, ...)
 # AdamW optimizer
@@ -101,6 +101,7 @@ for keys, rule, ok in [  # what the type check cannot catch (a negative min_lr i
         ('out_dir', 'not be empty', bool),
         ('lr batch_size gradient_accumulation_steps est_interval est_steps log_interval '
          'ddp_timeout', 'be > 0', lambda v: v > 0),
+        ('lr min_lr weight_decay grad_clip', 'be finite', math.isfinite),
         ('train_steps save_interval seed warmup_iters train_tokens min_lr weight_decay grad_clip '
          'micro_batch', 'be >= 0', lambda v: v >= 0),
         ('beta1 beta2', 'be in [0, 1)', lambda v: 0 <= v < 1),
@@ -113,7 +114,7 @@ for keys, rule, ok in [  # what the type check cannot catch (a negative min_lr i
 rank_rows = gradient_accumulation_steps // world_size * batch_size  # a step's sequences per rank
 micro_steps = next(n for n in range(1, rank_rows + 1)  # forwards a step, per rank
                    if rank_rows % n == 0 and rank_rows // n <= (micro_batch or batch_size))
-micro_batch = rank_rows // micro_steps
+forward_rows = rank_rows // micro_steps  # sequences a forward
 if compile_mode == 'auto':  # CUDA graphs: ~3x faster steps for the author's (docs/gpu.md)
     compile_mode = 'reduce-overhead' if device_type == 'cuda' and not ddp else 'default'
 graphs = compile and compile_mode in ('reduce-overhead', 'max-autotune')  # CUDA graphs
@@ -121,7 +122,7 @@ if graphs and (device_type != 'cuda' or ddp):
     die(f"compile_mode {compile_mode} uses CUDA graphs: on one CUDA device without DDP only")
 mark_step = torch.compiler.cudagraph_mark_step_begin if graphs else lambda: None  # CUDA graphs only
 run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
-catch_signals(run)  # a signal or a lost DDP rank now waits for a save under way, names the last
+run.catch_signals()  # a signal or a lost DDP rank now waits for a save under way, is recorded
 if ddp:
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
@@ -141,26 +142,18 @@ autocast = (nullcontext() if dtype == 'float32'  # (a disabled autocast still se
 data_path = os.path.join(data_dir, dataset)
 def open_split(split, limit=0):  # limit > 0: the first `limit` tokens only, none past them
     path = os.path.join(data_path, f'{split}.bin')
-    if not os.path.isfile(path):  # how to make it, and the datasets data_dir holds
-        held = sorted(os.listdir(data_dir)) if os.path.isdir(data_dir) else []
-        held = [d for d in held if os.path.isfile(os.path.join(data_dir, d, 'train.bin'))]
-        make = '' if dataset == 'wikipedia' else f' --input=FILE --name={dataset}'
-        make += '' if data_dir == 'data' else f' --data_dir={data_dir}'
-        die(f"{path} not found: run python prepare.py{make} "
-            f"({data_dir} holds: {', '.join(held) or 'no dataset'})")
-    size = os.path.getsize(path)
-    if size % 2:
-        die(f"{path} has an odd number of bytes ({size}): not uint16 token ids, or truncated")
-    if size < 2 * (context_size + 2):
-        die(f"{path} has {size // 2} tokens, fewer than context_size + 2")
-    if limit > size // 2:
-        die(f"train_tokens ({limit:,}) is more than {path} holds ({size // 2:,})")
-    if limit and limit < context_size + 2:
-        die(f"train_tokens ({limit}) is too small for one batch (context_size + 2)")
-    data = np.memmap(path, dtype=np.uint16, mode='r')[:limit or None]
-    if (top := int(data.max())) >= vocab_size:  # once, here: else an IndexError steps later
-        die(f"{path} holds token id {top}, but vocab_size is {vocab_size}")
-    return data
+    if not os.path.isfile(path):
+        die(f"{path} not found: run python prepare.py (docs/data.md)")
+    try:
+        data = np.memmap(path, dtype=np.uint16, mode='r')
+    except ValueError:  # an odd number of bytes, or none
+        die(f"{path} is not uint16 token ids: {os.path.getsize(path)} bytes")
+    if limit > len(data):
+        die(f"train_tokens ({limit:,}) is more than {path} holds ({len(data):,})")
+    if len(data[:limit or None]) < context_size + 2:
+        die(f"train_tokens ({limit}) is too small for one batch (context_size + 2)" if limit
+            else f"{path} has {len(data)} tokens, fewer than context_size + 2")
+    return data[:limit or None]
 
 train_data, val_data = open_split('train', train_tokens), open_split('val')
 meta_path, meta = os.path.join(data_path, 'meta.json'), {}
@@ -168,16 +161,18 @@ if os.path.isfile(meta_path):  # prepare.py's record: the model's vocabulary mus
     try:
         with open(meta_path) as f:
             meta = json.load(f)
-    except ValueError as e:
-        die(f"{meta_path} is not valid JSON ({e}): run prepare.py again")
-    if meta.get('vocab_size', vocab_size) != vocab_size:
-        die(f"{data_path} holds {meta.get('tokenizer')} ids of a vocabulary of "
-            f"{meta['vocab_size']}, but vocab_size is {vocab_size}: set --vocab_size="
-            f"{meta['vocab_size']} (as config/bytes_*.py do)")
+        meta_vocab = meta.get('vocab_size', vocab_size)
+    except (ValueError, AttributeError):
+        die(f"{meta_path} is not prepare.py's record (a JSON object): run prepare.py again")
+    if meta_vocab != vocab_size:
+        die(f"{data_path} holds ids of a vocabulary of {meta_vocab}, but vocab_size is "
+            f"{vocab_size}: set --vocab_size={meta_vocab} (as config/bytes_*.py do)")
 tokenizer = 'bytes' if meta.get('tokenizer') == 'bytes' else 'gpt2'  # sample.py decodes with it
 
 def get_batch(data, ix):  # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
     rows = torch.from_numpy(data[ix[:, None] + np.arange(context_size + 1)].astype(np.int64))
+    if rows.max() >= vocab_size:  # here, not an IndexError in the model (a device assert on CUDA)
+        die(f"{data_path} holds token id {rows.max()}, but vocab_size is {vocab_size}")
     x, y = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
     if device_type == 'cuda':
         x, y = x.pin_memory(), y.pin_memory()
@@ -188,7 +183,7 @@ def train_offsets(step):
     # one process accumulating N times sees, and a resumed run draws what an uninterrupted one would
     rng = np.random.default_rng([seed, 0, step])
     ix = rng.integers(0, len(train_data) - context_size, gradient_accumulation_steps * batch_size)
-    return ix.reshape(world_size, micro_steps, micro_batch)[rank]
+    return ix.reshape(world_size, micro_steps, forward_rows)[rank]
 
 def est_starts(split_id, data):  # the same batches at every estimate: only the model differs
     rng = np.random.default_rng([seed, 1, split_id])
@@ -196,7 +191,6 @@ def est_starts(split_id, data):  # the same batches at every estimate: only the 
 est_batches = {'train': (train_data, est_starts(0, train_data)),
                'val': (val_data, est_starts(1, val_data))}
 emb_loss = model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE'
-X0 = get_batch(train_data, est_batches['train'][1][:batch_size])[0]  # its diagnostics' batch
 # all of val.bin in consecutive windows: the same tokens for every seed and run
 whole_val = (val_data, np.arange((len(val_data) - 1) // context_size) * context_size)
 
@@ -205,10 +199,10 @@ torch.manual_seed(seed)
 model = raw_model = build_model(model_config).to(device)  # raw: uncompiled, unwrapped
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # a no-op but with fp16
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
-params = list(model.parameters())
-for p in params:  # zeroed in place after each step, never freed: no CUDA graph's buffer is a .grad
-    p.grad = torch.zeros_like(p)
-grads = [p.grad for p in params]
+params = [p for p in model.parameters() if p.requires_grad]  # a frozen one gets no gradient
+if graphs:  # kept .grad buffers, zeroed in place: a CUDA graph's memory is never a .grad
+    for p in params:
+        p.grad = torch.zeros_like(p)
 start_step = run.step
 # RNG for dropout: rank 0 restores the saved state, so a single-process resume is exact
 torch.manual_seed(int(np.random.SeedSequence([seed, 2, rank, start_step]).generate_state(1)[0]))
@@ -232,7 +226,7 @@ flops_per_step = raw_model.flops_per_token() * tokens_per_step
 if master:  # the header first: a slow start (compiling, a config too big) is never silent
     print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} "
           f"tokens/step (batch {batch_size} x context {context_size} x accumulation "
-          f"{gradient_accumulation_steps}, {micro_steps} forward(s) of {micro_batch}) | "
+          f"{gradient_accumulation_steps}, {micro_steps} forward(s) of {forward_rows}) | "
           f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} of "
           f"{data_path} | {world_size} process(es), {device}, {dtype}, "
           f"compile {compile_mode if compile else 'off'}"
@@ -242,22 +236,11 @@ if master:  # the header first: a slow start (compiling, a config too big) is ne
               f"CPU preset's 0.034 take ~0.5 s (config/cpu_aed_mse_possub.py, "
               f"config/cpu_baseline.py)", file=sys.stderr)
     if init_from == 'resume':
-        print(f"resuming from {run.path('ckpt_last.pt')} at step {start_step} "
-              f"(best val loss {run.best_val_loss:.4f})")
-        for k, old, new, _ in changes:
-            print(f"resume changes {k}: {old!r} -> {new!r}")
-        schedule = ('train_steps', 'lr', 'min_lr', 'decay_lr', 'warmup_iters', 'lr_decay_iters')
-        if grown := [f"{k} {old!r} -> {new!r}" for k, old, new, by_file in changes
-                     if by_file and k in schedule]:  # the preset again after --train_steps=200
-            files = [a for a in sys.argv[1:] if not a.startswith('-')]
-            flags = [a for a in sys.argv[1:] if a.startswith('--')
-                     and a[2:].split('=')[0].replace('-', '_') not in ('init_from', 'out_dir')]
-            print(f"warning: {' '.join(files)} changes this run's {', '.join(grown)}; to continue "
-                  f"it as it was: {resume_command(out_dir, flags)}", file=sys.stderr)
+        print(f"resuming from {run.path('ckpt_last.pt')} at step {start_step}"
+              + "".join(f"; {k}: {old!r} -> {new!r}" for k, old, new in changes))
         if start_step >= train_steps:
-            at_min = '; the lr stays at min_lr' if decay_lr and lr_decay_iters <= start_step else ''
-            print(f"the run is finished at step {start_step}; to train further, "
-                  f"--train_steps={2 * start_step} (or any number above {start_step}){at_min}")
+            print(f"the run is finished at step {start_step}; --train_steps=N (N > {start_step}) "
+                  f"trains it further")
 
 if compile and start_step < train_steps:  # (a finished run takes no step)
     if master:
@@ -296,17 +279,6 @@ def get_lr(step):
     ratio = (step + 1 - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
-# a run that stops in its warm-up or mid-decay says so (--train_steps=200 on a CPU preset)
-end_lr = get_lr(train_steps - 1)
-if master and decay_lr and start_step < train_steps:
-    if train_steps < warmup_iters:
-        print(f"warning: train_steps ({train_steps}) ends inside the lr warm-up (warmup_iters="
-              f"{warmup_iters}): the lr never reaches its peak {lr:g}", file=sys.stderr)
-    elif train_steps < lr_decay_iters and end_lr < 0.99 * lr:
-        print(f"note: the lr decays until step {lr_decay_iters} (lr_decay_iters), but the run "
-              f"stops at {train_steps}: it ends at lr {end_lr:.2e}, not min_lr {min_lr:.2e} "
-              f"(--lr_decay_iters={train_steps} ends there)")
-
 # logging
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size,
           device=device, dtype=dtype, params=raw_model.get_num_params(),
@@ -330,7 +302,6 @@ while True:
             t0 = time.time()
             est = {split: mean_ce(eval_model, *batches) for split, batches in est_batches.items()}
             est_s = time.time() - t0
-            diag = {'emb_diag': raw_model.embedding_loss_diagnostics(X0)} if emb_loss else {}
             if bad := [k for k, v in est.items() if not math.isfinite(v)]:
                 run.stop(step, f"the {bad[0]} estimate is not finite ({len(bad)} of 2)")
             improved = est['val'] < run.best_val_loss
@@ -338,7 +309,7 @@ while True:
                 run.best_val_loss, run.best_step = est['val'], step
             run.last_est = est
             run.log({'type': 'est', 'step': step, **est, 'best_val': run.best_val_loss,
-                     **run.clock(step), **diag})
+                     **run.clock(step)})
             print(f"step {step}: estimate train ce {est['train']:.4f}, val ce {est['val']:.4f}"
                   f"{' (best)' if improved else ''} [{est_s:.1f} s]")
             if wandb_log:
@@ -369,11 +340,11 @@ while True:
         with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():
             with autocast:
                 _, loss = model(X, Y, return_logits=False)  # the loss alone: no logits kept
-            if ddp:  # its hooks sync the gradients from AccumulateGrad
-                scaler.scale(loss / micro_steps).backward()
-            else:  # in one add: with CUDA graphs, AccumulateGrad can fail or corrupt them
-                torch._foreach_add_(grads, torch.autograd.grad(
+            if graphs:  # in one add: with CUDA graphs, AccumulateGrad can fail or corrupt them
+                torch._foreach_add_([p.grad for p in params], torch.autograd.grad(
                     scaler.scale(loss / micro_steps), params, materialize_grads=True))
+            else:
+                scaler.scale(loss / micro_steps).backward()
         stats[0] += loss.detach().float()
         stats[1] += raw_model.last_ce.float()
         if emb_loss:
@@ -389,7 +360,7 @@ while True:
         torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip)
     scaler.step(optimizer)
     scaler.update()
-    optimizer.zero_grad(set_to_none=False)
+    optimizer.zero_grad(set_to_none=not graphs)
     if device_type == 'cuda':
         torch.cuda.synchronize()  # honest step times
     dt = time.time() - t0

@@ -1,6 +1,6 @@
 """
-train.py's training step: its gradient accumulation (torch.autograd.grad into the kept .grad
-tensors, one foreach add a micro-step) gives what .backward() gives, micro_batch regroups a step's
+train.py's training step: its gradient accumulation (.backward() a micro-step; with CUDA graphs,
+torch.autograd.grad added into kept .grad tensors) gives one step's gradients, micro_batch regroups a step's
 sequences without changing them, the training forward returns no logits, and a compile_mode that
 cannot run here is refused. train.py runs in this process (run_here), its model patched to record.
 """
