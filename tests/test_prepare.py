@@ -8,7 +8,6 @@ $ python -m pytest -q test_prepare.py
 import bz2
 import gzip
 import hashlib
-import http.server
 import json
 import lzma
 import os
@@ -16,7 +15,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
@@ -433,27 +431,3 @@ def test_command_line_options_and_how_to_train(tmp_path, monkeypatch, capsys):
         prepare.main([path])
     assert e.value.code == 1 and f"unexpected argument '{path}'" in capsys.readouterr().err
 
-
-def test_url_input(tmp_path):
-    text = "\n".join(make_docs(100, seed=4))
-    write(tmp_path / "u.txt", text)
-    handler = lambda *a: http.server.SimpleHTTPRequestHandler(  # noqa: E731
-        *a, directory=str(tmp_path))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.RequestHandlerClass.log_message = lambda *a: None
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/u.txt"
-        meta = prepare.prepare(url, None, data_dir=str(tmp_path / "out"), min_tokens=1,
-                               log=lambda *a: None)
-        with pytest.raises(prepare.PrepareError, match="cannot fetch"):
-            prepare.prepare(url + ".missing", "m", data_dir=str(tmp_path / "out"),
-                            log=lambda *a: None)
-    finally:
-        server.shutdown()
-    assert meta["source"] == url
-    train, val = bins(tmp_path / "out", "u")  # name taken from the URL
-    enc = tokenizer.get_encoding()
-    assert enc.decode(train) + enc.decode(val) == text
-    # no spooled file left
-    assert sorted(os.listdir(tmp_path / "out" / "u")) == ["meta.json", "train.bin", "val.bin"]
