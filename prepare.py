@@ -258,11 +258,13 @@ def main(argv=sys.argv[1:]):
     except (ConfigError, PrepareError, FetchError) as e:
         die(e)
     except OSError as e:  # input errors are PrepareErrors already: this is the output (disk full)
-        die(f"cannot write {e.filename or o['data_dir']}: {e.strerror or e}")
+        die(f"cannot write {e.filename or 'the bins'}: {e.strerror or e}")
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: prepare() removed its files
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # exit 128 + signal, even into a closed pipe
         stop(e.args[0] if e.args else signal.SIGINT, "interrupted: no bins written")
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` closing stdout ends it quietly, as cat
     interrupt_on_signals()
     main()

@@ -12,6 +12,8 @@ from contextlib import nullcontext, suppress
 from configurator import (ConfigError, collect_defaults, die, interrupt_on_signals, load_config,
                           resolve_device, stop)
 
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` closing stdout ends it quietly, as cat
+
 # -----------------------------------------------------------------------------
 out_dir = 'out'           # where train.py wrote its checkpoints
 checkpoint = 'best'       # 'best' (lowest val loss) or 'last' -> out_dir/ckpt_{checkpoint}.pt
@@ -109,6 +111,7 @@ try:
                            kv_cache=kv_cache, on_token=print_tokens)
             print(utf8.decode(b'', final=True) + '\n---------------', flush=True)
 except KeyboardInterrupt as e:
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # exit 128 + signal, even into a closed pipe
     with suppress(OSError):  # (a pipe whose reader has gone: the exit comes all the same)
         print(flush=True)  # ends the sample's line
     stop(e.args[0] if e.args else signal.SIGINT, "error: interrupted")

@@ -423,3 +423,20 @@ def test_command_line_options_and_how_to_train(tmp_path, monkeypatch, capsys):
         prepare.main([path])
     assert e.value.code == 1 and f"unexpected argument '{path}'" in capsys.readouterr().err
 
+
+
+def test_a_closed_stdout_ends_it_quietly(tmp_path):
+    """`python prepare.py --help | head -2`, `python prepare.py ... | head -1`: the reader of its
+    output goes, and it ends as cat does: no traceback, no error line, and no bins under their
+    final names but complete ones."""
+    path = write(tmp_path / "h.txt", "\n".join(make_docs(300)))
+    for args in (["--help"], [f"--input={path}", f"--data_dir={tmp_path}", "--min_tokens=1"]):
+        proc = subprocess.Popen([sys.executable, "prepare.py", *args], cwd=HERE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if args != ["--help"]:  # (--help: gone before its first line, as head can be)
+            assert proc.stdout.readline().startswith(b"reading ")
+        proc.stdout.close()
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == -signal.SIGPIPE and err == b"", err.decode()
+    done = set(os.listdir(tmp_path / "h")) & {"train.bin", "val.bin", "meta.json"}
+    assert done in (set(), {"train.bin", "val.bin", "meta.json"})

@@ -128,6 +128,22 @@ def test_help_examples_name_out_dirs_that_configs_write():
     assert examples and set(examples) <= written, (examples, written)
 
 
+def test_a_closed_stdout_ends_it_quietly(out_dir):
+    """`python sample.py ... | head -3`: the reader goes after a line, and sample.py ends as cat
+    does, without a traceback."""
+    proc = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={out_dir}', '--device=cpu',
+                             '--max_new_tokens=1000000'], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdout.readline()
+        proc.stdout.close()
+        assert proc.wait(timeout=120) == -signal.SIGPIPE
+        header, *rest = proc.stderr.read().decode().splitlines()
+    finally:
+        proc.kill()
+    assert header.startswith('gpt model, ') and rest == []
+
+
 def test_command_line_mistakes_are_one_line(tmp_path):
     """A run folder given alone, a folder without a checkpoint: one line each, saying what to do.
     --help lists the keys (max_new_tokens counted in bytes for a byte model), nothing else."""
