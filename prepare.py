@@ -69,9 +69,9 @@ def read_text(path):
         raise PrepareError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-def scan(path, log=lambda msg: None):
-    """First pass: (characters, end of the last EOT or -1). Logs the plan once it meets text, so an
-    empty, binary or unreadable file is told alone."""
+def scan(path, log=lambda msg: None, then=""):
+    """First pass: (characters, end of the last EOT or -1). Logs the plan (then: the second pass)
+    once it meets text, so an empty, binary or unreadable file is told alone."""
     n_chars, last_eot_end, nonblank, tail = 0, -1, False, ""
     for text in read_text(path):
         t = tail + text  # an EOT may straddle two blocks
@@ -80,8 +80,7 @@ def scan(path, log=lambda msg: None):
         tail, n_chars = t[-(len(EOT) - 1):], n_chars + len(text)
         if not nonblank and text.strip():
             nonblank = True
-            log(f"reading {path} twice: counting characters, then encoding them on "
-                f"{os.cpu_count()} threads")
+            log(f"reading {path} twice: counting characters, then {then}")
     if not nonblank:
         raise PrepareError(f"{path} is empty (no text)")
     return n_chars, last_eot_end
@@ -196,7 +195,8 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
             pass  # alive: another user's process
     try:
         path = input or wikipedia_text()
-        n_chars, last_eot_end = scan(path, log)
+        n_chars, last_eot_end = scan(path, log, "writing their UTF-8 bytes" if tokenizer == "bytes"
+                                     else f"encoding them on {os.cpu_count()} threads")
         split_at = int(n_chars * (1 - val_fraction))  # text[:int(n * 0.9)]
         at_eot = eot and last_eot_end > split_at
         with open(tmp["train.bin"], "wb") as f_train, open(tmp["val.bin"], "wb") as f_val:
@@ -230,8 +230,11 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
                     else ("cpu_aed_mse_possub", "wikipedia"))
     flags = "" if data_dir == "data" else f" --data_dir={data_dir}"  # train.py's defaults
     flags += "" if name == default else f" --dataset={name}"
+    flags += " --train_tokens=0" if input and tokenizer == "bytes" else ""  # all of it, not 1M
     flags += f" --out_dir=out-{name}" if flags else ""  # not the config's own run: that is refused
-    log(f"train on it: python train.py config/{cfg}.py{flags}")
+    note = ("  # ~1 h on one CPU thread; a first look: --train_steps=1000, ~10 min"
+            if tokenizer == "bytes" else "")  # as the byte study's runs took (experiments/bytes/)
+    log(f"train on it: python train.py config/{cfg}.py{flags}{note}")
     return meta
 
 

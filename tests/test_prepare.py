@@ -425,6 +425,21 @@ def test_command_line_options_and_how_to_train(tmp_path, monkeypatch, capsys):
 
 
 
+def test_bytes_of_ones_own_text_train_on_all_of_it(tmp_path, capsys):
+    """Bytes need no encoding, and the byte configs train on the default text's first 1M bytes (a
+    study's slice): the command for one's own text trains on all of it."""
+    path = write(tmp_path / "a.txt", "\n".join(make_docs(300)))
+    prepare.main([f"--input={path}", f"--data_dir={tmp_path}", "--tokenizer=bytes",
+                  "--min_tokens=1"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"reading {path} twice: counting characters, then writing their UTF-8 bytes"
+    assert out[-1] == ("train on it: python train.py config/bytes_aed_mse_possub.py "
+                       f"--data_dir={tmp_path} --dataset=a_bytes --train_tokens=0 "
+                       "--out_dir=out-a_bytes  # ~1 h on one CPU thread; a first look: "
+                       "--train_steps=1000, ~10 min")
+    assert train_defaults()["train_tokens"] == 0  # train.py's 0: all of train.bin
+
+
 def test_a_closed_stdout_ends_it_quietly(tmp_path):
     """`python prepare.py --help | head -2`, `python prepare.py ... | head -1`: the reader of its
     output goes, and it ends as cat does: no traceback, no error line, and no bins under their
