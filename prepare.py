@@ -2,7 +2,7 @@
 Turn text into training data: data_dir/<name>/train.bin, val.bin (uint16 token ids), meta.json.
 
 $ python prepare.py                               # default: 10,033 English Wikipedia lead sections
-$ python prepare.py --input=wiki.txt --name=wiki  # any UTF-8 text (.gz/.bz2/.xz), or an http(s) URL
+$ python prepare.py --input=wiki.txt --name=wiki  # any UTF-8 text file (.gz/.bz2/.xz too)
 $ python prepare.py --tokenizer=bytes             # UTF-8 bytes as ids 0-255 -> data/wikipedia_bytes
 
 The first 90% of the characters go to train, moved on to the end of its document where
@@ -22,9 +22,7 @@ import os
 import re
 import signal
 import sys
-import shutil
 import time
-import urllib.request
 import zlib
 
 from configurator import ConfigError, die, interrupt_on_signals, load_config, stop
@@ -71,9 +69,9 @@ def read_text(path):
         raise PrepareError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-def scan(path, log=lambda msg: None):
-    """First pass: (characters, end of the last EOT or -1). Logs the plan once it meets text, so an
-    empty, binary or unreadable file is told alone."""
+def scan(path, log=lambda msg: None, then=""):
+    """First pass: (characters, end of the last EOT or -1). Logs the plan (then: the second pass)
+    once it meets text, so an empty, binary or unreadable file is told alone."""
     n_chars, last_eot_end, nonblank, tail = 0, -1, False, ""
     for text in read_text(path):
         t = tail + text  # an EOT may straddle two blocks
@@ -82,8 +80,7 @@ def scan(path, log=lambda msg: None):
         tail, n_chars = t[-(len(EOT) - 1):], n_chars + len(text)
         if not nonblank and text.strip():
             nonblank = True
-            log(f"reading {path} twice: counting characters, then encoding them on "
-                f"{os.cpu_count()} threads")
+            log(f"reading {path} twice: counting characters, then {then}")
     if not nonblank:
         raise PrepareError(f"{path} is empty (no text)")
     return n_chars, last_eot_end
@@ -176,8 +173,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         raise PrepareError(f"--tokenizer must be 'gpt2' or 'bytes', got {tokenizer!r}")
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
-    url = input if re.match(r"https?://", input or "") else None
-    if input and not url and not os.path.exists(input):
+    if input and not os.path.exists(input):
         raise PrepareError(f"input not found: {input}")
     if not name:
         name = "wikipedia" if not input else re.sub(r"(\.(txt|gz|bz2|xz))+$", "",
@@ -187,27 +183,20 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         raise PrepareError(f"--name must be letters, digits, '_', '-' or '.', got {name!r}")
     out, t0 = os.path.join(data_dir, name), time.time()
     tmp = {k: os.path.join(out, f"{k}.{os.getpid()}.tmp")  # never taken for finished bins
-           for k in ("train.bin", "val.bin", "meta.json", "input")}
-    input = tmp["input"] if url else input  # a URL is spooled to a file first: it is read twice
+           for k in ("train.bin", "val.bin", "meta.json")}
     os.makedirs(out, exist_ok=True)
     for f in os.listdir(out):  # remove the temporary files of killed runs: those whose pid is gone
         try:
-            if m := re.fullmatch(r"(?:train\.bin|val\.bin|meta\.json|input)\.(\d+)\.tmp", f):
+            if m := re.fullmatch(r"(?:train\.bin|val\.bin|meta\.json)\.(\d+)\.tmp", f):
                 os.kill(int(m[1]), 0)  # signal 0: only asks whether the process exists
         except ProcessLookupError:
             os.remove(os.path.join(out, f))
         except PermissionError:
             pass  # alive: another user's process
     try:
-        if url:
-            try:
-                with urllib.request.urlopen(url, timeout=60) as r, open(input, "wb") as f:
-                    shutil.copyfileobj(r, f, BLOCK)
-            except (OSError, ValueError) as e:
-                why = getattr(e, 'reason', None) or e
-                raise PrepareError(f"cannot fetch {url}: {why}") from None
         path = input or wikipedia_text()
-        n_chars, last_eot_end = scan(path, log)
+        n_chars, last_eot_end = scan(path, log, "writing their UTF-8 bytes" if tokenizer == "bytes"
+                                     else f"encoding them on {os.cpu_count()} threads")
         split_at = int(n_chars * (1 - val_fraction))  # text[:int(n * 0.9)]
         at_eot = eot and last_eot_end > split_at
         with open(tmp["train.bin"], "wb") as f_train, open(tmp["val.bin"], "wb") as f_val:
@@ -221,7 +210,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
                 "tokenizer": tokenizer, "train_tokens": counts[0],
                 "val_tokens": counts[1], "eot_separates_documents": eot, "characters": n_chars,
                 "split_character": split_at, "split_moved_to_document_end": at_eot,
-                "source": url or input or WIKI_SOURCE,
+                "source": input or WIKI_SOURCE,
                 "license": "unknown (user-supplied input)" if input else WIKI_LICENSE}
         with open(tmp["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
@@ -241,14 +230,17 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
                     else ("cpu_aed_mse_possub", "wikipedia"))
     flags = "" if data_dir == "data" else f" --data_dir={data_dir}"  # train.py's defaults
     flags += "" if name == default else f" --dataset={name}"
+    flags += " --train_tokens=0" if input and tokenizer == "bytes" else ""  # all of it, not 1M
     flags += f" --out_dir=out-{name}" if flags else ""  # not the config's own run: that is refused
-    log(f"train on it: python train.py config/{cfg}.py{flags}")
+    note = ("  # ~1 h on one CPU thread; a first look: --train_steps=1000, ~10 min"
+            if tokenizer == "bytes" else "")  # as the byte study's runs took (experiments/bytes/)
+    log(f"train on it: python train.py config/{cfg}.py{flags}{note}")
     return meta
 
 
 # options: python prepare.py --key=value, parsed by configurator.py (--help lists them)
 OPTIONS = dict(
-    input="",          # UTF-8 text file (.gz/.bz2/.xz ok) or http(s) URL; '' = the Wikipedia text
+    input="",          # UTF-8 text file (.gz/.bz2/.xz ok); '' = the Wikipedia text
     name="",           # the dataset's name (train.py's --dataset): '' = wikipedia, or the input's
                        # (+ '_bytes' with --tokenizer=bytes)
     tokenizer="gpt2",  # 'gpt2' (GPT-2 BPE ids) or 'bytes' (UTF-8 bytes as ids 0-255, eot 0)
@@ -269,11 +261,13 @@ def main(argv=sys.argv[1:]):
     except (ConfigError, PrepareError, FetchError) as e:
         die(e)
     except OSError as e:  # input errors are PrepareErrors already: this is the output (disk full)
-        die(f"cannot write {e.filename or o['data_dir']}: {e.strerror or e}")
+        die(f"cannot write {e.filename or 'the bins'}: {e.strerror or e}")
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: prepare() removed its files
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # exit 128 + signal, even into a closed pipe
         stop(e.args[0] if e.args else signal.SIGINT, "interrupted: no bins written")
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` closing stdout ends it quietly, as cat
     interrupt_on_signals()
     main()

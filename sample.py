@@ -4,7 +4,6 @@ $ python sample.py --out_dir=out-cpu-aed-mse-possub --start="The history of" --n
 $ python sample.py --out_dir=out-cpu-baseline --start=FILE:prompt.txt --kv_cache=False
 """
 import codecs
-import difflib
 import os
 import signal
 import sys
@@ -12,14 +11,15 @@ from contextlib import nullcontext, suppress
 
 from configurator import (ConfigError, collect_defaults, die, interrupt_on_signals, load_config,
                           resolve_device, stop)
-from tokenizer import EOT, get_tokenizer
+
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` closing stdout ends it quietly, as cat
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'           # where train.py wrote its checkpoints
 checkpoint = 'best'       # 'best' (lowest val loss) or 'last' -> out_dir/ckpt_{checkpoint}.pt
 start = '\n'              # the prompt, or FILE:path to read it from a file
 num_samples = 3
-max_new_tokens = 200
+max_new_tokens = 200      # tokens per sample (bytes, for a model trained on bytes)
 temperature = 0.8         # < 1 sharper, > 1 more random; 0 = greedy (always the most likely token)
 top_k = 200               # keep the k most likely tokens at each step; 0 = no top-k
 seed = 1337
@@ -30,6 +30,9 @@ compile = False           # torch.compile the one-token cached step: pays off ov
 # -----------------------------------------------------------------------------
 DEFAULTS = collect_defaults(globals())
 
+for arg in sys.argv[1:]:  # a config file (.py) may stand alone, a run folder may not
+    if not arg.startswith('-') and not arg.endswith('.py'):
+        die(f"unexpected argument '{arg}': give the run's folder as --out_dir={arg}")
 try:
     globals().update(load_config(DEFAULTS, sys.argv[1:]))
 except ConfigError as e:
@@ -43,15 +46,7 @@ if compile and not kv_cache:
 
 # the model, from the checkpoint alone: its config says which architecture and shape
 ckpt_path = os.path.join(out_dir, f'ckpt_{checkpoint}.pt')
-if not os.path.isfile(ckpt_path):  # the runs beside out_dir that have one, the nearest name first
-    parent, name = os.path.split(os.path.normpath(out_dir))
-    entries = sorted(os.listdir(parent or '.')) if os.path.isdir(parent or '.') else []
-    runs = [d for d in entries if os.path.isfile(os.path.join(parent, d, f'ckpt_{checkpoint}.pt'))]
-    if runs:
-        near = difflib.get_close_matches(name, runs, n=5, cutoff=0)
-        more = f" and {len(runs) - len(near)} more" if len(runs) > len(near) else ""
-        die(f"no checkpoint at {ckpt_path}; runs that have one: "
-            f"{', '.join('--out_dir=' + os.path.join(parent, d) for d in near)}{more}")
+if not os.path.isfile(ckpt_path):
     die(f"no checkpoint at {ckpt_path}; train one first, e.g. python train.py "
         f"config/cpu_aed_mse_possub.py, then python sample.py --out_dir=out-cpu-aed-mse-possub")
 try:
@@ -62,6 +57,7 @@ import torch  # after the checks above: a mistake is told without the seconds of
 
 from checkpoint import CheckpointError, load as load_checkpoint
 from model import build_model
+from tokenizer import EOT, get_tokenizer  # here: EOT is no config key
 
 autocast = (nullcontext() if dtype == 'float32'
             else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype)))
@@ -115,6 +111,7 @@ try:
                            kv_cache=kv_cache, on_token=print_tokens)
             print(utf8.decode(b'', final=True) + '\n---------------', flush=True)
 except KeyboardInterrupt as e:
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # exit 128 + signal, even into a closed pipe
     with suppress(OSError):  # (a pipe whose reader has gone: the exit comes all the same)
         print(flush=True)  # ends the sample's line
     stop(e.args[0] if e.args else signal.SIGINT, "error: interrupted")

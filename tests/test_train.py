@@ -529,28 +529,6 @@ def test_refusals_come_before_import_torch(tmp_path):
         assert_one_line_error(p, words)
 
 
-def test_sample_names_the_runs_that_have_a_checkpoint(tmp_path, monkeypatch):
-    """sample.py without a checkpoint at out_dir (the default out/, or a mistyped name) names the
-    runs beside it that have one, the nearest name first; with none, how to make one and sample."""
-    for name in ('out-cpu-baseline', 'out-cpu-aed-mse-possub', 'empty'):
-        os.makedirs(tmp_path / name)
-        if name != 'empty':
-            (tmp_path / name / 'ckpt_best.pt').write_bytes(b'')
-    p = run_here('sample.py', f'--out_dir={tmp_path}/out-cpu-aed-mse-posub')
-    assert_one_line_error(p)
-    assert p.stderr == f"error: no checkpoint at {tmp_path}/out-cpu-aed-mse-posub/ckpt_best.pt; " \
-                       f"runs that have one: --out_dir={tmp_path}/out-cpu-aed-mse-possub, " \
-                       f"--out_dir={tmp_path}/out-cpu-baseline\n"
-    monkeypatch.chdir(tmp_path)
-    p = run_here('sample.py')
-    assert_one_line_error(p, "no checkpoint at out/ckpt_best.pt; runs that have one: --out_dir=",
-                          "--out_dir=out-cpu-aed-mse-possub", "--out_dir=out-cpu-baseline")
-    monkeypatch.chdir(tmp_path / 'empty')
-    assert_one_line_error(run_here('sample.py'), 'no checkpoint at out/ckpt_best.pt; train one',
-                          'python train.py config/cpu_aed_mse_possub.py, then python sample.py '
-                          '--out_dir=out-cpu-aed-mse-possub')
-
-
 # ----------------------------------------------------------------------------- training runs
 def test_train_kill_resume_sample(tmp_path):
     """An uninterrupted run and a run killed with kill -9 then resumed end with the same weights."""
