@@ -158,11 +158,15 @@ def read_config_file(path, defaults, depth=0):
     return values
 
 
-def load_config(defaults, argv, base=None, sources=None):
+def load_config(defaults, argv, base=None, sources=None, shown=None):
     """Apply argv's config files and --key=value, in order, to a copy of base (default: defaults).
-    -h or --help: print help_text(defaults, sources) and exit 0."""
+    -h or --help: print help_text of the keys shown (default: all) and exit 0."""
     if "-h" in argv or "--help" in argv:
-        say(help_text(defaults, sources or [sys.modules["__main__"].__file__]), sys.stdout)
+        try:
+            say(help_text({k: defaults[k] for k in shown or defaults},
+                          sources or [sys.modules["__main__"].__file__]), sys.stdout)
+        except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+            os._exit(0)
         sys.exit(0)
     config = dict(defaults if base is None else base)
     for arg in argv:

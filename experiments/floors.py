@@ -23,7 +23,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # configurator.py, when run as python experiments/floors.py
-from configurator import ConfigError, die, help_text, load_config, say, train_defaults  # noqa: E402
+from configurator import ConfigError, die, load_config, train_defaults  # noqa: E402
 
 METHOD = "interpolated Kneser-Ney, discount n1 / (n1 + 2 n2) per order, uniform below unigrams"
 METHOD_MKN = ("modified Kneser-Ney, discounts D1, D2, D3+ per order from n1..n4 (Chen and Goodman "
@@ -163,13 +163,9 @@ OPTIONS = dict(
 
 def main(argv=sys.argv[1:]):
     defaults = {**train_defaults(), **OPTIONS}  # a run's config file sets all of train.py's keys
-    if "-h" in argv or "--help" in argv:  # only the keys read here
-        say(help_text({k: defaults[k] for k in (*READS, *OPTIONS)},
-                      [__file__, os.path.join(ROOT, 'train.py'), os.path.join(ROOT, 'model.py')]),
-            sys.stdout)
-        sys.exit(0)
-    try:
-        c = load_config(defaults, argv)
+    try:  # --help: only the keys read here
+        c = load_config(defaults, argv, shown=(*READS, *OPTIONS), sources=[
+            __file__, os.path.join(ROOT, 'train.py'), os.path.join(ROOT, 'model.py')])
     except ConfigError as e:
         die(e)
     path = os.path.join(c['data_dir'], c['dataset'])

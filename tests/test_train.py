@@ -133,6 +133,9 @@ def test_config_file_include(tmp_path):
     with pytest.raises(ConfigError,
                        match=r"child.py: include\('nope.py'\): config file not found: .*nope.py"):
         load_config(DEFAULTS, [str(child)])
+    child.write_text("include('bytes_comon.py')\n")  # a typo: the nearest file, here or in config/
+    with pytest.raises(ConfigError, match=r"\(did you mean config/bytes_common.py\?\)"):
+        load_config(DEFAULTS, [str(child)])
     child.write_text("include('child.py')\n")
     with pytest.raises(ConfigError,
                        match=r"child.py: include\('child.py'\): includes nested more than 8 deep"):
@@ -176,6 +179,18 @@ def test_help(script, sources, line):
             assert re.search(rf'^  {key} = {re.escape(repr(value))}( |$)', p.stdout, re.M), key
         # from model.py
         assert re.search(r'^  n_layer = 13 .*# AED: n_layer encoder blocks', p.stdout, re.M)
+
+
+@pytest.mark.parametrize('script', ['train.py', 'bench.py', 'experiments/report.py',
+                                    'experiments/floors.py'])
+def test_help_into_a_closed_pipe_ends_quietly(script):
+    """`python script --help | head -2`: the reader gone, the script ends without a traceback."""
+    r, w = os.pipe()
+    os.close(r)  # gone before the first write: every write meets it
+    p = subprocess.run([PY, script, '--help'], cwd=ROOT, env=ENV, stdout=w,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(w)
+    assert p.returncode in (0, -signal.SIGPIPE) and p.stderr == '', p.stderr
 
 
 def test_docs_references_lead_somewhere():
@@ -1213,6 +1228,26 @@ def test_signals_stop_a_run_whose_output_pipe_is_closed(tmp_path):
         assert signal_after_reader_gone(proc, sig, timeout=30) == 128 + sig
         assert load_ckpt(out)['step'] % 3 == 0 and not [f for f in os.listdir(out)
                                                          if f.endswith('.tmp')]
+        assert_stop_recorded(out, f'interrupted by {signal.Signals(sig).name}')
+    # the reader gone without a signal (tee closed first): the next line stops the run as a
+    # signal does, recorded, exit 141 (SIGPIPE's)
+    proc = subprocess.Popen([PY, 'train.py', *args, '--init_from=resume', '--log_interval=1'],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    while not (line := proc.stdout.readline()).startswith(b'step '):  # training
+        assert line, 'the run ended'
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 141
+    assert_stop_recorded(out, 'interrupted by SIGPIPE')
+
+
+def assert_stop_recorded(out, reason):
+    """summary.json and log.jsonl's last record say why the run stopped, where, and how to go on."""
+    stop, summary = read_log(out)[-1], json.load(open(os.path.join(out, 'summary.json')))
+    resume = f'python train.py --init_from=resume --out_dir={out}'
+    assert (stop['type'], stop['reason'], stop['resume']) == ('stop', reason, resume), stop
+    assert stop['last_checkpoint_step'] == load_ckpt(out)['step'] <= stop['step'], stop
+    assert (summary['status'], summary['resume'], summary['step']) == (
+        f'stopped: {reason}', resume, stop['step']), summary
 
 
 def test_summary_is_written_under_the_lock_a_signal_waits_for(tmp_path, monkeypatch):
