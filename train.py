@@ -45,9 +45,6 @@ est_interval = 500     # estimate train/val loss every this many steps, and at t
 est_steps = 200        # batches per split in each estimate
 log_interval = 1       # print a line every this many steps (log.jsonl gets every step)
 save_interval = 0      # also save ckpt_last.pt every this many steps (0: at estimates only)
-wandb_log = False      # wandb is imported only when this is on
-wandb_project = 'aed'  # the wandb project of the run
-wandb_run_name = ''    # '' -> the out_dir name
 # data
 data_dir = 'data'      # where prepare.py wrote the data
 dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.py makes them)
@@ -284,13 +281,6 @@ run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size
           device=device, dtype=dtype, params=raw_model.get_num_params(),
           compiled=eval_model is not raw_model, gpu=gpu, torch=torch.__version__, **provenance(),
           config=config)
-if master and wandb_log:
-    try:
-        import wandb
-    except ImportError:
-        die("wandb_log=True needs wandb: pip install wandb")
-    wandb.init(project=wandb_project, config=config, resume='allow',
-               name=wandb_run_name or os.path.basename(os.path.abspath(out_dir)))
 
 # training loop
 step, est_s, step_times = start_step, None, []
@@ -312,8 +302,6 @@ while True:
                      **run.clock(step)})
             print(f"step {step}: estimate train ce {est['train']:.4f}, val ce {est['val']:.4f}"
                   f"{' (best)' if improved else ''} [{est_s:.1f} s]")
-            if wandb_log:
-                wandb.log({'step': step, 'est/train': est['train'], 'est/val': est['val']})
         if improved is not None or (save_interval and step % save_interval == 0):
             rng = {'torch': torch.get_rng_state(),
                    'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
@@ -380,9 +368,6 @@ while True:
         print(f"step {step}/{train_steps} | loss {loss_v:.4f}{parts} | lr {lr_now:.2e} | epoch "
               f"{run.epochs(step):.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
               f"{f' | mfu {mfu * 100:.1f}%' if mfu else ''}")
-        if wandb_log:
-            wandb.log({'step': step, 'train/loss': loss_v, 'train/ce': ce_v, 'train/emb': emb_v,
-                       'lr': lr_now, 'tok_s': tok_s, 'mfu': mfu})
     if len(step_times) == 10 and step < train_steps:  # once, early: a slow config shows
         per_step = statistics.median(step_times[1:])
         n_est = sum(s % est_interval == 0 or s == train_steps for s in range(step, train_steps + 1))
