@@ -152,7 +152,7 @@ def load(path, keys=('model', 'config')):
     return ckpt, c
 
 
-def model_config_of(config):  # a run's config dict; a field it lacks (older than it) has its default
+def model_config_of(config):  # a field the run's config lacks (it is older) takes its default
     return ModelConfig(**{k: config[k] for k in MODEL_KEYS if k in config})
 
 

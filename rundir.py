@@ -205,7 +205,7 @@ class RunDir:
         die(f"{reason} at step {step}; stopped without saving: {self.last_saved(advice=False)}")
 
     def record_stop(self, step, reason):
-        """The stop in log.jsonl and summary.json: why, where, and how to go on (self.saving held)."""
+        """The stop in log.jsonl and summary.json: why, where, how to go on. self.saving is held."""
         if self.master and self.started:
             resume = resume_command(self.dir) if self.saved_step is not None else None
             self.log({'type': 'stop', 'step': step, 'reason': reason,

@@ -27,11 +27,12 @@ GATE = ('        self.ln_f = nn.LayerNorm(C, bias=c.use_bias)\n',
         '        for i, b in enumerate(self.blocks):  # fork: a gate on every other block\n'
         '            if i % 2:\n'
         '                b.gate = nn.Parameter(torch.ones(C))\n')
-FIELD = ('    embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias\n',
+FIELD = ('    embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias'
+         '\n',
          '    mlp_ratio: int = 4  # fork: the MLP\'s width over n_embed\n')
 FIELD_USE = ('4 * config.n_embed', 'config.mlp_ratio * config.n_embed')
 Z_LOSS = ('            loss = ce + c.embedding_loss_coeff * emb\n',
-          '        loss = loss + 1e-4 * torch.logsumexp(logits.float(), -1).pow(2).mean()  # fork\n')
+          '        loss = loss + 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()  # fork: z-loss\n')
 
 
 def fork(tmp_path, *edits):

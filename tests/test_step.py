@@ -2,7 +2,8 @@
 train.py's training step: its gradient accumulation (.backward() a micro-step; under CUDA
 graphs, torch.autograd.grad added into kept .grad tensors) gives one step's gradients, micro_batch
 regroups a step's sequences without changing them, the training forward returns no logits, and a
-compile_mode that cannot run here is refused. train.py runs in this process (run_here), its model patched to record.
+compile_mode that cannot run here is refused. train.py runs in this process (run_here), its model
+patched to record.
 """
 import torch
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
