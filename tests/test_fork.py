@@ -32,7 +32,7 @@ FIELD = ('    embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms ha
          '    mlp_ratio: int = 4  # fork: the MLP\'s width over n_embed\n')
 FIELD_USE = ('4 * config.n_embed', 'config.mlp_ratio * config.n_embed')
 Z_LOSS = ('            loss = ce + c.embedding_loss_coeff * emb\n',
-          '        loss = loss + 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()  # fork: z-loss\n')
+          '        loss = loss + 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()  # fork\n')
 
 
 def fork(tmp_path, *edits):
