@@ -17,12 +17,11 @@ ENUMS = {"arch": ("gpt", "aed"), "order_type": ("ORIGINAL", "ALT"),
          "sub_pos_embed_to_decoder": ("NO", "YES_NO_LN", "YES_LN"),
          "embedding_loss_type": ("NONE", "MSE", "COSINE", "LOG_COSINE"),
          "detach_type": ("ENCODER_OUT", "EMBEDDING", "NONE"),
-         "embedding_ln_type": ("INIT", "AVG_CUM_SUM", "NONE"),
-         "embedding_agg_type": ("MEAN", "LEARNED")}
+         "embedding_ln_type": ("INIT", "AVG_CUM_SUM", "NONE")}
 # the embedding-loss options, and what None means for each when the loss is on
 EMBEDDING_LOSS_DEFAULTS = {"embedding_loss_coeff": 1.0, "detach_type": "ENCODER_OUT",
                            "embedding_ln_type": "INIT", "use_ln_on_encoder_out": True,
-                           "embedding_agg_type": "MEAN", "embedding_ln_affine": True}
+                           "embedding_ln_affine": True}
 Opt = typing.Optional
 
 
@@ -51,7 +50,6 @@ class ModelConfig:
     detach_type: Opt[str] = None  # ENCODER_OUT | EMBEDDING | NONE
     embedding_ln_type: Opt[str] = None  # INIT | AVG_CUM_SUM | NONE
     use_ln_on_encoder_out: Opt[bool] = None  # LayerNorm enc in the embedding loss
-    embedding_agg_type: Opt[str] = None  # MEAN (cumulative mean) | LEARNED (learned causal weights)
     embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias
 
     def __post_init__(self):
@@ -211,12 +209,6 @@ class Transformer(nn.Module):
             ln = lambda: nn.LayerNorm(C, elementwise_affine=affine)  # noqa: E731
             self.ln_a = ln() if on and c.embedding_ln_type != "NONE" else None
             self.ln_b = ln() if on and c.use_ln_on_encoder_out else None
-            if c.embedding_agg_type == "LEARNED":
-                # W[t, s] for s <= t only, packed row by row; 1-D, so no weight decay
-                rows, cols = torch.tril_indices(c.context_size, c.context_size)  # (n,), (n,)
-                self.embedding_agg = nn.Parameter(1.0 / (rows + 1).float())  # at init: the mean
-                self.register_buffer("embedding_agg_index", torch.stack((rows, cols)),
-                                     persistent=False)
         self.ln_f = nn.LayerNorm(C, bias=c.use_bias)
         self.attention_layers = [m for m in self.modules() if isinstance(m, Attention)]
         for i, m in enumerate(self.attention_layers):
@@ -302,21 +294,11 @@ class Transformer(nn.Module):
             enc = self.ln_b(enc)
         if self.config.embedding_ln_type == "INIT":  # before averaging: positions weigh unevenly
             E = self.ln_a(E)
-        avg = self.aggregate(E)
+        T = E.size(1)  # the cumulative mean of E: avg[t] = mean of E[0..t]
+        avg = cumsum_time(E) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)
         if self.config.embedding_ln_type == "AVG_CUM_SUM":
             avg = self.ln_a(avg)
         return avg, enc
-
-    def aggregate(self, E):
-        """(B, T, C): the cumulative mean of E (MEAN), or avg[t] = sum of W[t, s] E[s], s <= t."""
-        T = E.size(1)
-        if self.config.embedding_agg_type == "LEARNED":
-            L = self.config.context_size
-            # (L, L), zero above the diagonal: only the packed s <= t entries are written
-            W = E.new_zeros(L, L).index_put(tuple(self.embedding_agg_index),
-                                            self.embedding_agg.to(E.dtype))
-            return W[:T, :T] @ E
-        return cumsum_time(E) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)
 
     def embedding_distance(self, avg, target):
         """MSE, or the mean over positions of 1 - (cos + 1) / 2 (COSINE) or -log((cos + 1) / 2)."""

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from configurator import load_config
 from conftest import train_defaults
+import model
 from model import ModelConfig, build_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -107,19 +108,14 @@ def ref_embedding_loss(E, enc, p, cfg):
         enc = ref_layer_norm(enc, p, "ln_b", True)  # the loss LayerNorms always have a bias
     if cfg.embedding_ln_type == "INIT":
         E = ref_layer_norm(E, p, "ln_a", True)
-    # MEAN: avg[b, t] = (E[b, 0] + ... + E[b, t]) / (t + 1);
-    # LEARNED: sum over j <= t of W[t, j] * E[b, j]
+    # avg[b, t] = (E[b, 0] + ... + E[b, t]) / (t + 1)
     rows = []
     for b in range(B):
         for t in range(T):
             s = torch.zeros(C, dtype=E.dtype)
             for j in range(t + 1):
-                # W packed row by row: W[t, j] is entry t (t + 1) / 2 + j
-                if cfg.embedding_agg_type == "LEARNED":
-                    s = s + p["embedding_agg"][t * (t + 1) // 2 + j] * E[b, j]
-                else:
-                    s = s + E[b, j]
-            rows.append(s if cfg.embedding_agg_type == "LEARNED" else s / (t + 1))
+                s = s + E[b, j]
+            rows.append(s / (t + 1))
     avg = torch.stack(rows).view(B, T, C)
     if cfg.embedding_ln_type == "AVG_CUM_SUM":
         avg = ref_layer_norm(avg, p, "ln_a", True)
@@ -437,14 +433,11 @@ def test_forward_matches_reference(kw):
 LOSS_VARIANTS = [dict(embedding_loss_type=t, embedding_ln_type=ln, use_ln_on_encoder_out=u)
                  for t in ("MSE", "COSINE", "LOG_COSINE") for ln in ("INIT", "AVG_CUM_SUM", "NONE")
                  for u in (True, False)]
-LOSS_VARIANTS += [dict(embedding_loss_type=t, embedding_ln_type=ln, embedding_agg_type="LEARNED")
-                  for t, ln in (("MSE", "INIT"), ("COSINE", "AVG_CUM_SUM"), ("LOG_COSINE", "NONE"))]
 
 
 @pytest.mark.parametrize("kw", LOSS_VARIANTS, ids=lambda kw: "-".join(str(v) for v in kw.values()))
 def test_embedding_loss_matches_reference(kw):
-    """The embedding loss (cumulative mean of E, or the LEARNED weighting with scrambled weights, vs
-    enc; MSE / COSINE / LOG_COSINE; ln_a at INIT, after the average, or none; ln_b on enc or not)
+    """The embedding loss (cumulative mean of E vs enc; MSE / COSINE / LOG_COSINE; ln_a at INIT, after the average, or none; ln_b on enc or not)
     matches the loop implementation, and total = ce + coeff * emb."""
     cfg = tiny(context_size=8, embedding_loss_coeff=3.0, sub_pos_embed_to_decoder="YES_NO_LN", **kw)
     m = make(cfg).train()
@@ -560,73 +553,15 @@ def test_embedding_loss_collapses_through_the_layernorms_unless_they_are_fixed()
     assert cfg.embedding_ln_affine is True  # the author's loss is the default
 
 
-@pytest.mark.parametrize("T", [12, 7])
-def test_learned_aggregation_equals_mean_at_init(T):
-    """embedding_agg_type=LEARNED starts as the cumulative mean (W[t, s] = 1 / (t + 1) for s <= t):
-    at init its average, its embedding loss and every gradient equal MEAN's with the same weights
-    (the weights cost no draw from the RNG, so the same seed gives the same other weights), also for
-    T < context_size."""
-    cfg = tiny(context_size=12, embedding_loss_type="MSE", embedding_ln_type="AVG_CUM_SUM",
-               detach_type="NONE", embedding_agg_type="LEARNED")
-    learned = make(cfg, scramble=False).train()
-    mean = make(dataclasses.replace(cfg, embedding_agg_type="MEAN"), scramble=False).train()
-    others = {k: v for k, v in learned.state_dict().items() if k != "embedding_agg"}
-    assert others.keys() == mean.state_dict().keys()
-    assert all(torch.equal(v, mean.state_dict()[k]) for k, v in others.items())
-    E = torch.randn(2, T, cfg.n_embed)
-    torch.testing.assert_close(learned.aggregate(E), mean.aggregate(E), atol=1e-6, rtol=1e-6)
-    x, y = batch(cfg, T=T)
-    learned(x, y)[1].backward()
-    mean(x, y)[1].backward()
-    torch.testing.assert_close(learned.last_embedding_loss, mean.last_embedding_loss, atol=1e-6,
-                               rtol=1e-6)
-    g = grads(mean)
-    for n, p in learned.named_parameters():
-        if n != "embedding_agg":
-            torch.testing.assert_close(p.grad, g[n], atol=1e-6, rtol=1e-5, msg=n)
-    assert learned.embedding_agg.grad.abs().max() > 0  # and the weights do learn
-
-
-def test_learned_aggregation_stays_causal():
-    """With its weights perturbed (all of them, as training might), the LEARNED average at
-    positions < k stays bit-identical when E at positions >= k changes: position t mixes E[0..t]
-    only. Position k does change."""
-    cfg = tiny(context_size=12, embedding_loss_type="MSE", embedding_agg_type="LEARNED")
-    m = make(cfg, scramble=False)
-    with torch.no_grad():
-        m.embedding_agg.add_(torch.randn_like(m.embedding_agg))
-        E = torch.randn(2, 12, cfg.n_embed)
-        base = m.aggregate(E)
-        for k in range(12):
-            E2 = E.clone()
-            E2[:, k:] = torch.randn_like(E2[:, k:]) * 100
-            out = m.aggregate(E2)
-            assert torch.equal(out[:, :k], base[:, :k]), f"position < {k} changed"
-            assert not torch.equal(out[:, k], base[:, k])
-
-
-def test_learned_aggregation_parameters():
-    """LEARNED adds exactly context_size * (context_size + 1) / 2 parameters (one per s <= t),
-    counted in get_num_params; only with the loss on and LEARNED."""
-    names = lambda cfg: {n for n, _ in build_model(cfg).named_parameters()}
-    assert "embedding_agg" not in names(tiny(embedding_loss_type="MSE"))
-    learned = build_model(tiny(context_size=12, embedding_loss_type="COSINE",
-                               embedding_agg_type="LEARNED"))
-    mean = build_model(tiny(context_size=12, embedding_loss_type="COSINE"))
-    assert learned.embedding_agg.numel() == 12 * 13 // 2
-    assert learned.get_num_params() == mean.get_num_params() + 12 * 13 // 2
-
-
-@pytest.mark.parametrize("detach,loss_type,agg",
-                         [(d, t, "MEAN") for d in ("ENCODER_OUT", "EMBEDDING", "NONE")
-                          for t in ("MSE", "LOG_COSINE")] + [("NONE", "MSE", "LEARNED")])
-def test_gradients_match_reference(detach, loss_type, agg):
+@pytest.mark.parametrize("detach,loss_type", [(d, t) for d in ("ENCODER_OUT", "EMBEDDING", "NONE")
+                                              for t in ("MSE", "LOG_COSINE")])
+def test_gradients_match_reference(detach, loss_type):
     """Gradients of the total training loss w.r.t. every parameter match the reference (which
     detaches enc or E as docs/model.md, Embedding loss, says), so detach_type is honoured in the
-    backward pass; the LEARNED weights get theirs."""
+    backward pass."""
     cfg = tiny(context_size=8, embedding_loss_type=loss_type, embedding_loss_coeff=2.0,
                detach_type=detach, add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN",
-               use_bias=True, embedding_agg_type=agg)
+               use_bias=True)
     m = make(cfg).train()
     x, y = batch(cfg)
     _, loss = m(x, y)
@@ -804,7 +739,7 @@ CAUSAL_VARIANTS = [
     dict(arch="gpt", sub_pos_embed_to_decoder="YES_LN"),
     dict(n_layer=3, n_decoder_layer=1, sub_pos_embed_to_decoder="YES_NO_LN"),
     dict(n_layer=1, n_decoder_layer=3, order_type="ALT", add_pos_embed_to_decoder=True),
-    dict(embedding_loss_type="MSE", embedding_agg_type="LEARNED", detach_type="NONE"),
+    dict(embedding_loss_type="MSE", detach_type="NONE"),
     dict(),
     dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN",
          add_ln_before_decoder_ff=True),
@@ -847,7 +782,7 @@ CACHE_VARIANTS = [
     dict(arch="gpt", sub_pos_embed_to_decoder="YES_LN", use_bias=True),
     dict(n_layer=3, n_decoder_layer=1, sub_pos_embed_to_decoder="YES_NO_LN"),
     dict(n_layer=1, n_decoder_layer=3, order_type="ALT"),
-    dict(embedding_loss_type="MSE", embedding_agg_type="LEARNED"),
+    dict(embedding_loss_type="MSE"),
     dict(),
     dict(order_type="ALT", add_pos_embed_to_decoder=True, sub_pos_embed_to_decoder="YES_LN",
          add_ln_before_decoder_ff=True, use_bias=True),
@@ -1116,7 +1051,7 @@ def test_micro_batches_give_the_same_gradients(kw):
         for name, g in result[1].items():
             torch.testing.assert_close(result[micro_steps][name], g, atol=1e-14, rtol=1e-11,
                                        msg=name)
-    assert all(g.abs().max() > 0 for n, g in result[1].items() if n != "embedding_agg")
+    assert all(g.abs().max() > 0 for g in result[1].values())
 
 
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
@@ -1167,8 +1102,6 @@ INVALID = [
     (dict(embedding_loss_type="L1"), "embedding_loss_type"),
     (dict(embedding_loss_type="MSE", detach_type="BOTH"), "detach_type"),
     (dict(embedding_loss_type="MSE", embedding_ln_type="AFTER"), "embedding_ln_type"),
-    (dict(embedding_loss_type="MSE", embedding_agg_type="CONV"), "embedding_agg_type"),
-    (dict(embedding_agg_type="LEARNED"), "embedding_agg_type"),  # no loss, nothing to aggregate
     (dict(arch="gpt", sub_pos_embed_to_decoder="YES"), "sub_pos_embed_to_decoder"),
     # depths
     (dict(n_decoder_layer=0), "n_decoder_layer"),
@@ -1183,7 +1116,7 @@ INVALID = [
         ("order_type", "ALT"), ("add_ln_before_decoder_ff", True),
         ("add_pos_embed_to_decoder", True), ("embedding_loss_type", "MSE"),
         ("embedding_loss_coeff", 1.0), ("detach_type", "NONE"), ("embedding_ln_type", "INIT"),
-        ("use_ln_on_encoder_out", True), ("embedding_agg_type", "MEAN")]
+        ("use_ln_on_encoder_out", True)]
 ]
 
 
@@ -1199,10 +1132,10 @@ def test_valid_defaults():
     cross-attention defaults to 2 * n_head heads and use_bias; n_decoder_layer to n_layer."""
     cfg = tiny(embedding_loss_type="MSE", use_bias=True)
     filled = (cfg.embedding_loss_coeff, cfg.detach_type, cfg.embedding_ln_type,
-              cfg.use_ln_on_encoder_out, cfg.embedding_agg_type)
-    assert filled == (1.0, "ENCODER_OUT", "INIT", True, "MEAN")
+              cfg.use_ln_on_encoder_out)
+    assert filled == (1.0, "ENCODER_OUT", "INIT", True)
     assert (cfg.cross_attn_n_head, cfg.cross_attn_use_bias, cfg.n_decoder_layer) == (8, True, 2)
-    assert tiny().embedding_agg_type is None  # no loss
+    assert tiny().detach_type is None  # no loss
     # defaults are fine for gpt
     tiny(arch="gpt", order_type="ORIGINAL", sub_pos_embed_to_decoder="NO")
     # pos sub is both archs'
@@ -1298,10 +1231,11 @@ def test_dropout_train_only(arch):
 
 
 def test_configure_optimizers():
-    """AdamW; parameters with dim >= 2 get the weight decay, the others 0 (the LEARNED aggregation's
-    weights among them: decay would shrink the average); every parameter exactly once."""
-    cfg = tiny(embedding_loss_type="MSE", use_bias=True, embedding_agg_type="LEARNED")
+    """AdamW; parameters with dim >= 2 get the weight decay, the others 0; every parameter exactly
+    once, and a frozen one not at all."""
+    cfg = tiny(embedding_loss_type="MSE", use_bias=True)
     m = make(cfg, scramble=False)
+    m.wpe.weight.requires_grad_(False)  # frozen, as a fork may
     opt = m.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, betas=(0.9, 0.95),
                                  device_type="cpu")
     assert isinstance(opt, torch.optim.AdamW)
@@ -1312,10 +1246,8 @@ def test_configure_optimizers():
             seen.append(id(p))
             assert group["weight_decay"] == (0.1 if p.dim() >= 2 else 0.0)
     # parameters() has the tied wte once
-    assert sorted(seen) == sorted(id(p) for p in m.parameters())
-    assert len(seen) == len(set(seen))
-    assert (any(p is m.embedding_agg for p in opt.param_groups[1]["params"])
-            and opt.param_groups[1]["weight_decay"] == 0)
+    assert sorted(seen) == sorted(id(p) for p in m.parameters() if p is not m.wpe.weight)
+    assert len(seen) == len(set(seen)) and opt.param_groups[1]["params"]  # the LayerNorms' 1-D
 
 
 def test_fused_adamw_on_cpu_matches_default():
@@ -1355,10 +1287,9 @@ def test_cumulative_mean_is_cumsum_bit_for_bit(dtype, T):
     """The MEAN aggregation, with its cumsum as an operator torch.compile keeps whole
     (model.cumsum_time), gives bit for bit what E.cumsum(1) / (t + 1) gives, and so do its gradients
     (ATen's cumsum backward: a reversed cumsum of the incoming gradient)."""
-    m = make(tiny(context_size=16, embedding_loss_type="MSE"))
     E = torch.randn(3, T, 32, dtype=dtype, requires_grad=True)
     g = torch.randn(3, T, 32, dtype=dtype)
-    ours = m.aggregate(E)
+    ours = model.cumsum_time(E) / torch.arange(1, T + 1, dtype=dtype).view(1, T, 1)
     ref = E.cumsum(dim=1) / torch.arange(1, T + 1, dtype=dtype).view(1, T, 1)
     assert torch.equal(ours, ref)
     assert torch.equal(torch.autograd.grad(ours, E, g)[0], torch.autograd.grad(ref, E, g)[0])

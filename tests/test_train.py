@@ -698,15 +698,15 @@ def test_new_model_keys_train_resume_sample(tmp_path):
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
     common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--est_interval=2', '--n_layer=2',
-                     '--n_decoder_layer=1', '--embedding_agg_type=LEARNED']
+                     '--n_decoder_layer=1', '--embedding_ln_affine=False']
     p = run('train.py', *common, '--train_steps=2', f'--out_dir={out}')
     assert p.returncode == 0, p.stderr
     ckpt = load_ckpt(out)
     assert (ckpt['config']['n_decoder_layer'] == 1
-            and ckpt['config']['embedding_agg_type'] == 'LEARNED')
+            and ckpt['config']['embedding_ln_affine'] is False)
     assert ('decoder_blocks.0.ln_1.weight' in ckpt['model']
             and 'decoder_blocks.1.ln_1.weight' not in ckpt['model'])
-    assert 'embedding_agg' in ckpt['model']
+    assert 'ln_a.weight' not in ckpt['model']
     p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=3')
     assert p.returncode == 0, p.stderr
     assert load_ckpt(out)['step'] == 3
