@@ -225,23 +225,16 @@ def collect_defaults(namespace):
 
 def train_defaults():
     """train.py's keys and defaults, read from its source without torch (for the other scripts):
-    train.py's literals up to DEFAULTS, then model.py's ModelConfig fields."""
-    defaults = {}
-    for path, cls in (('train.py', None), ('model.py', 'ModelConfig')):
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), path)) as f:
-            body = ast.parse(f.read()).body
-        if cls:
-            body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
-        for node in body:
-            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, 'target', 0)
-            if not isinstance(target, ast.Name) or node.value is None or target.id.startswith('_'):
-                continue
-            if target.id == 'DEFAULTS':
-                break  # the end of train.py's defaults block
-            try:
-                defaults[target.id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass  # not a literal: not a key
+    its `key = literal` lines before DEFAULTS, then model.py's ModelConfig fields."""
+    here, defaults = os.path.dirname(os.path.abspath(__file__)), {}
+    with open(os.path.join(here, "train.py")) as f, open(os.path.join(here, "model.py")) as g:
+        src = f.read().split("\nDEFAULTS = ")[0] + g.read().split("class ModelConfig:")[1]
+    for m in re.finditer(r"^ *(\w+)(?:: [^=]+)? = (.+?)(?:  #.*)?$", src.split("\n\n    def")[0],
+                         re.M):
+        try:
+            defaults.setdefault(m[1], ast.literal_eval(m[2]))
+        except (ValueError, SyntaxError):
+            pass  # not a literal: not a key
     return defaults
 
 

@@ -54,21 +54,18 @@ class ModelConfig:
 
     def __post_init__(self):
         for f in fields(self):  # in order: arch is checked before the AED-only fields
-            value, allowed = getattr(self, f.name), typing.get_args(f.type) or (f.type,)
-            if type(value) is int and float in allowed:
-                setattr(self, f.name, value := float(value))
-            if type(value) not in allowed:  # type(), not isinstance: True is not an int here
-                names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
-                raise ValueError(f"{f.name} must be {names}, got {value!r}")
-            if value is not None and value not in ENUMS.get(f.name, (value,)):
-                raise ValueError(f"{f.name} must be one of {', '.join(ENUMS[f.name])}, "
-                                 f"got {value!r}")
-            if self.arch == "gpt" and f.name in AED_ONLY and value != f.default:
-                raise ValueError(f"{f.name} is an AED option: it must stay {f.default!r} "
-                                 f"when arch is 'gpt'")
-            if int in allowed and value is not None and value < 1:  # every int is a count
-                raise ValueError(f"{f.name} must be >= 1, got {value}")
-            if f.name in EMBEDDING_LOSS_DEFAULTS and value is not None \
+            v, types = getattr(self, f.name), typing.get_args(f.type) or (f.type,)
+            if type(v) is int and float in types:
+                setattr(self, f.name, v := float(v))
+            # type(), not isinstance: True is not an int here; every int is a count
+            if type(v) not in types or v is not None and (v not in ENUMS.get(f.name, (v,))
+                                                          or int in types and v < 1):
+                kinds = ENUMS.get(f.name) or [t.__name__.replace("NoneType", "None") for t in types]
+                raise ValueError(f"{f.name} must be {' or '.join(kinds)}"
+                                 f"{' (>= 1)' if int in types else ''}, got {v!r}")
+            if v != f.default and f.name in AED_ONLY and self.arch == "gpt":
+                raise ValueError(f"{f.name} is an AED option: it must stay {f.default!r} for gpt")
+            if v is not None and f.name in EMBEDDING_LOSS_DEFAULTS \
                     and self.embedding_loss_type == "NONE":
                 raise ValueError(f"{f.name} is set but embedding_loss_type is NONE")
         if not 0.0 <= self.dropout_rate < 1.0:

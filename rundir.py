@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import torch
 
@@ -210,6 +211,7 @@ class RunDir:
             resume = resume_command(self.dir) if self.saved_step is not None else None
             self.log({'type': 'stop', 'step': step, 'reason': reason,
                       'last_checkpoint_step': self.saved_step, 'resume': resume})
+            self.log = lambda rec: None  # the last record (the main thread may log on, briefly)
             self.facts['resume'] = resume
             self.summary(step, 'stopped: ' + reason, locked=True)
 
@@ -217,23 +219,21 @@ class RunDir:
         """From here a signal (Ctrl-C, SIGTERM, a closed output pipe), even in a torch op of
         minutes, stops the run after a save under way: recorded, one line, exit 128 + signum.
         A lost DDP rank: one line, exit 1."""
-        r, w = os.pipe()  # Python's C-level handler writes each signal's number here
-        os.set_blocking(w, False)
-        for sig in STOP_SIGNALS:  # the main thread stops too, at its next bytecode
+        r, w = os.pipe()  # Python's C-level handler writes each signal's number here, waking
+        os.set_blocking(w, False)  # the thread below (torch ops release the GIL)
+        for sig in STOP_SIGNALS:  # the main thread stops too, at its next bytecode, unless saving
             signal.signal(sig, lambda signum, frame: self._stop(signum, wait=False))
         signal.set_wakeup_fd(w)
-        threading.Thread(target=self._stop_on_signal, args=(r,), daemon=True).start()
+        run = weakref.ref(self)  # the thread outlives the run only in a test's process
+        threading.Thread(target=lambda: run()._stop(next(
+            s for s in iter(lambda: os.read(r, 1)[0], None) if s in STOP_SIGNALS)),
+            daemon=True).start()
         sys.excepthook = self._excepthook
         if os.environ.get('RANK') and sys.platform == 'linux':  # the rank dies with torchrun
             import ctypes
             ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # prctl(PR_SET_PDEATHSIG, SIGKILL)
 
-    def _stop_on_signal(self, r):
-        while (signum := os.read(r, 1)[0]) not in STOP_SIGNALS:
-            pass
-        self._stop(signum)
-
-    def _stop(self, signum, wait=True):  # the main thread, saving, goes on until its save is done
+    def _stop(self, signum, wait=True):  # after a save under way (the main thread, saving, goes on)
         if self.saving.acquire(wait):
             reason = f"interrupted by {signal.Signals(signum).name}"
             with contextlib.suppress(SystemExit):  # a full disk must not keep it from stopping

@@ -437,8 +437,9 @@ LOSS_VARIANTS = [dict(embedding_loss_type=t, embedding_ln_type=ln, use_ln_on_enc
 
 @pytest.mark.parametrize("kw", LOSS_VARIANTS, ids=lambda kw: "-".join(str(v) for v in kw.values()))
 def test_embedding_loss_matches_reference(kw):
-    """The embedding loss (cumulative mean of E vs enc; MSE / COSINE / LOG_COSINE; ln_a at INIT, after the average, or none; ln_b on enc or not)
-    matches the loop implementation, and total = ce + coeff * emb."""
+    """The embedding loss (cumulative mean of E vs enc; MSE / COSINE / LOG_COSINE; ln_a at INIT,
+    after the average, or none; ln_b on enc or not) matches the loop implementation, and total =
+    ce + coeff * emb."""
     cfg = tiny(context_size=8, embedding_loss_coeff=3.0, sub_pos_embed_to_decoder="YES_NO_LN", **kw)
     m = make(cfg).train()
     x, y = batch(cfg)

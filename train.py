@@ -156,9 +156,7 @@ train_data, val_data = open_split('train', train_tokens), open_split('val')
 meta_path, meta = os.path.join(data_path, 'meta.json'), {}
 if os.path.isfile(meta_path):  # prepare.py's record: the model's vocabulary must be the data's
     try:
-        with open(meta_path) as f:
-            meta = json.load(f)
-        meta_vocab = meta.get('vocab_size', vocab_size)
+        meta_vocab = (meta := json.load(open(meta_path))).get('vocab_size', vocab_size)
     except (ValueError, AttributeError):
         die(f"{meta_path} is not prepare.py's record (a JSON object): run prepare.py again")
     if meta_vocab != vocab_size:
@@ -187,7 +185,6 @@ def est_starts(split_id, data):  # the same batches at every estimate: only the 
     return rng.integers(0, len(data) - context_size, est_steps * batch_size)
 est_batches = {'train': (train_data, est_starts(0, train_data)),
                'val': (val_data, est_starts(1, val_data))}
-emb_loss = model_config.arch == 'aed' and model_config.embedding_loss_type != 'NONE'
 # all of val.bin in consecutive windows: the same tokens for every seed and run
 whole_val = (val_data, np.arange((len(val_data) - 1) // context_size) * context_size)
 
@@ -236,13 +233,11 @@ if master:  # the header first: a slow start (compiling, a config too big) is ne
         print(f"resuming from {run.path('ckpt_last.pt')} at step {start_step}"
               + "".join(f"; {k}: {old!r} -> {new!r}" for k, old, new in changes))
         if start_step >= train_steps:
-            print(f"the run is finished at step {start_step}; --train_steps=N (N > {start_step}) "
-                  f"trains it further")
+            print(f"finished at step {start_step}: --train_steps=N (N > {start_step}) trains on")
 
 if compile and start_step < train_steps:  # (a finished run takes no step)
     if master:
-        print("compiling the model with torch.compile in the first step: about a minute "
-              "(--compile=False skips it)")
+        print("compiling the model in the first step: about a minute (--compile=False skips it)")
     model = torch.compile(model, mode=compile_mode, dynamic=False)  # B static (estimates differ)
 eval_model = model  # rank 0 evaluates without the DDP wrapper
 if ddp:
@@ -261,8 +256,8 @@ def mean_ce(m, data, starts):
     m.train()
     return total.item() / len(starts)
 
-def whole_val_seconds(models):  # the last estimate scored 2 x est_steps batches of the same size
-    return est_s * models * len(whole_val[1]) / (2 * est_steps * batch_size)
+# all of val.bin for this many models, timed by the last estimate (2 x est_steps batches)
+whole_val_seconds = lambda models: est_s * models * len(whole_val[1]) / (2 * est_steps * batch_size)
 
 def get_lr(step):
     # the author's schedule (docs/model.md), step 0-based: linear warm-up, then cosine decay to
@@ -276,7 +271,6 @@ def get_lr(step):
     ratio = (step + 1 - warmup_iters) / (lr_decay_iters - warmup_iters)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
-# logging
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size,
           device=device, dtype=dtype, params=raw_model.get_num_params(),
           compiled=eval_model is not raw_model, gpu=gpu, torch=torch.__version__, **provenance(),
@@ -335,12 +329,12 @@ while True:
                 scaler.scale(loss / micro_steps).backward()
         stats[0] += loss.detach().float()
         stats[1] += raw_model.last_ce.float()
-        if emb_loss:
-            stats[2] += raw_model.last_embedding_loss.float()
+        if (emb := raw_model.last_embedding_loss) is not None:  # an AED with the loss
+            stats[2] += emb.float()
     if ddp:
         dist.all_reduce(stats)  # every rank sees the same numbers, so all stop together on NaN
     loss_v, ce_v, emb_v = (v / (micro_steps * world_size) for v in stats.tolist())
-    emb_v = emb_v if emb_loss else None
+    emb_v = emb_v if emb is not None else None
     if not math.isfinite(loss_v):  # on every rank: the numbers are all-reduced
         run.stop(step, "the training loss is not finite")
     if grad_clip > 0.0:
@@ -374,7 +368,7 @@ while True:
         whole = whole_val_seconds(2) if est_s else 0.0  # at the end, the last and the best model
         rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est + whole
         ests = (f", {n_est} estimate(s) of ~{duration(est_s)} and all of val.bin for 2 models "
-                f"(~{duration(whole)})") if est_s else ""
+                f"(~{duration(whole)})") if est_s else f" (+ {n_est} estimate(s), not yet timed)"
         print(f"expected: {per_step * 1000:,.0f} ms/step (median of steps 2-10), ~{duration(rest)} "
               f"for the {train_steps - step:,} steps left{ests}: the whole run "
               f"~{duration(run.elapsed() + rest)}")
@@ -399,9 +393,8 @@ if master and step >= train_steps and not run.whole:
           f"estimate (step {run.best_step})")
 if master:
     mem = f", peak GPU memory {torch.cuda.max_memory_allocated(device) >> 20:,} MiB" if gpu else ""
-    print(f"done: {step} steps, {run.tokens(step):,} tokens, best val loss "
-          f"{run.best_val_loss:.4f}, {run.elapsed():.0f} s{mem}; checkpoints in {out_dir}; "
-          f"sample: python sample.py --out_dir={out_dir}")
+    print(f"done: {step} steps, {run.tokens(step):,} tokens, best val {run.best_val_loss:.4f}, "
+          f"{run.elapsed():.0f} s{mem}; sample: python sample.py --out_dir={out_dir}")
 if ddp:
     dist.barrier()  # rank 0 may still be estimating and saving: tearing gloo down under it aborts
     dist.destroy_process_group()
