@@ -331,10 +331,13 @@ def bench_configs():
     print(f"training step of each config, interleaved, {repeats} steps each after {warm_up} "
           f"warm-up(s), {torch.get_num_threads()} thread(s):", flush=True)
     print(f"  {'config':40s} {'params':>10s} {'batch':>9s} {'ms/step':>9s} {'q1-q3':>15s} "
-          f"{'tok/s':>8s} {'/ first':>7s}", flush=True)
-    rows, first = [], None
-    for label, ts in interleaved_times(fns, repeats, warm_up).items():
+          f"{'tok/s':>8s} {'/ first':>7s} {'paired':>7s}", flush=True)
+    rows, first, times = [], None, interleaved_times(fns, repeats, warm_up)
+    ref = next(iter(times.values()))
+    for label, ts in times.items():
         ms = sorted(1000 * t for t in ts)
+        # the median of the per-round ratios: a round's steps share the load of its moment
+        paired = statistics.median(t / t0 for t, t0 in zip(ts, ref))
         median = statistics.median(ms)
         q1, _, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (median,) * 3
         info = infos[label]
@@ -343,10 +346,12 @@ def bench_configs():
         row = {"config": label, **info, "steps": repeats, "ms_per_step": median, "ms_q1": q1,
                "ms_q3": q3, "ms_min": ms[0], "ms_max": ms[-1], "tokens_per_s": tok_s,
                "share_of_matmul_peak": info["flops_per_token"] * tok_s
-               / results["matmul_peak_flops"], "ratio_to_first": median / first}
+               / results["matmul_peak_flops"], "ratio_to_first": median / first,
+               "ratio_to_first_paired": paired, "ms_steps": [round(1000 * t, 3) for t in ts]}
         rows.append(row)
         print(f"  {label:40s} {info['params']:10,} {info['batch']:>9s} {median:9.1f} "
-              f"{f'{q1:.1f}-{q3:.1f}':>15s} {tok_s:8.0f} {row['ratio_to_first']:7.3f}", flush=True)
+              f"{f'{q1:.1f}-{q3:.1f}':>15s} {tok_s:8.0f} {row['ratio_to_first']:7.3f} "
+              f"{paired:7.3f}", flush=True)
     results["train_configs"] = rows
 
 

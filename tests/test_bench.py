@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -87,14 +88,19 @@ def test_bench_config_files(tmp_path):
     for row in rows:  # bytes_common.py's settings, the overrides on top
         assert (row["device"], row["dtype"], row["compile"], row["batch"], row["micro_steps"],
                 row["steps"]) == ("cpu", "float32", "off", "2x16", 1, 3), row
-        assert row["ms_q1"] <= row["ms_per_step"] <= row["ms_q3"]
+        assert row["ms_q1"] <= row["ms_per_step"] <= row["ms_q3"] and len(row["ms_steps"]) == 3
+        assert row["ms_per_step"] == pytest.approx(statistics.median(row["ms_steps"]), abs=1e-3)
         assert row["tokens_per_s"] == pytest.approx(2 * 16 / row["ms_per_step"] * 1000)
         assert row["ratio_to_first"] == pytest.approx(row["ms_per_step"] / rows[0]["ms_per_step"])
         assert row["config"] in p.stdout
-    assert rows[0]["ratio_to_first"] == 1.0
-    # the table's ratio column is the JSON's
+    assert rows[0]["ratio_to_first"] == rows[0]["ratio_to_first_paired"] == 1.0
+    # the paired ratio: the median of the rounds' ratios (the same round's steps)
+    assert rows[1]["ratio_to_first_paired"] == pytest.approx(statistics.median(
+        a / g for a, g in zip(rows[1]["ms_steps"], rows[0]["ms_steps"])), rel=1e-2)
+    # the table's ratio columns are the JSON's
     line = next(x for x in p.stdout.splitlines() if BYTE_CONFIGS[1] in x)
-    assert float(line.split()[-1]) == pytest.approx(rows[1]["ratio_to_first"], abs=1e-3)
+    assert [float(x) for x in line.split()[-2:]] == pytest.approx(
+        [rows[1]["ratio_to_first"], rows[1]["ratio_to_first_paired"]], abs=1e-3)
 
 
 @pytest.mark.parametrize("args,words", [
