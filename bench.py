@@ -16,6 +16,12 @@ Prints a table and writes the figures as JSON (out_json).
     python bench.py --quick             # about a minute
     python bench.py --sections=step     # on a GPU: the author's step in variants (docs/gpu.md)
     python bench.py --sections=params   # each config's params and FLOPs/token (seconds, no timing)
+    python bench.py config/bytes_baseline.py config/bytes_aed_mse_possub.py --repeats=30
+
+Config files (train.py's, as train.py reads them) replace the train section's presets: each one's
+optimizer step is timed as train.py runs it (its batch, micro-batch split, dtype, compile, dropout),
+interleaved, with its median ms/step and its ratio to the first config's. A train.py key given as
+--key=value (--n_layer=1) applies to every config; with config files, sections defaults to train.
 
 Timings on a shared machine are noisy: variants that are compared are run interleaved, one step of
 each in turn, and the median is reported, so their ratio is measured under the same conditions. Run
@@ -24,6 +30,7 @@ other and every figure can be many times worse. Uncached generation is timed at 
 (see uncached_lengths), and the memory probes fork from a server that imported torch once.
 """
 
+import contextlib
 import glob
 import json
 import multiprocessing
@@ -36,11 +43,14 @@ import sys
 import tempfile
 import time
 
+if __name__ == "__main__":  # a missing config file is told before the seconds of `import torch`
+    from configurator import check_config_files
+    check_config_files()
 import torch
 
 from checkpoint import atomic_write, model_config_of
 from configurator import (ConfigError, collect_defaults, die, first_line, load_config,
-                          resolve_device, train_defaults)
+                          resolve_device, train_defaults, unknown_key_error)
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
@@ -57,6 +67,7 @@ dry = False  # step: its flow on CPU, 2-block models, torch.compile's eager back
 step_worker = ""  # (internal: a prewarm child compiles these STEP_PLAN variants and exits)
 # -----------------------------------------------------------------------------
 defaults = collect_defaults(globals())
+config_files, config_overrides, configs = [], [], []  # the train section's, when files are given
 
 # nanoGPT's train.py on its reference config here: 4 layers, 128 wide, 4 heads, GPT-2 vocab,
 # batch 16 x 128
@@ -92,12 +103,12 @@ def sync():
         torch.cuda.synchronize()
 
 
-def interleaved(fns, n, warm_up=True):
-    """Median seconds of each fn in fns (a dict), running one call of each in turn, n rounds, after
-    a warm-up."""
+def interleaved_times(fns, n, warm_up=1):
+    """Seconds of each call of each fn in fns (a dict), running one call of each in turn, n rounds,
+    after warm_up calls of each."""
     times = {name: [] for name in fns}
     for name, fn in fns.items():
-        if warm_up:
+        for _ in range(warm_up):
             fn()  # (and compilation)
     for _ in range(n):
         for name, fn in fns.items():
@@ -106,7 +117,12 @@ def interleaved(fns, n, warm_up=True):
             fn()
             sync()
             times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def interleaved(fns, n, warm_up=1):
+    """Median seconds of each fn in fns, timed as interleaved_times does."""
+    return {name: statistics.median(ts) for name, ts in interleaved_times(fns, n, warm_up).items()}
 
 
 def matmul_peak():
@@ -216,6 +232,128 @@ def bench_train():
         record("GPT author 16M eager", AUTHOR_GPT, bs, t["gpt"], rg)
         pair("author 16M", "eager", "AED author 16M eager", "GPT author 16M eager")
     results["train"] = rows
+
+
+def read_train_config(path):
+    """train.py's config from the file at path and config_overrides, checked as train.py checks
+    what a step uses; a mistake raises ConfigError."""
+    c = load_config(train_defaults(), [path, *config_overrides])
+    try:
+        model_config_of(c)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{path}: model config: {e}") from None
+    for k in ("batch_size", "gradient_accumulation_steps"):
+        if c[k] < 1:
+            raise ConfigError(f"{path}: {k} must be > 0, got {c[k]}")
+    modes = ("auto", "default", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+    if c["compile_mode"] not in modes:
+        raise ConfigError(f"{path}: compile_mode must be one of {', '.join(modes)}, "
+                          f"got {c['compile_mode']!r}")
+    dev_type = resolve_device(c["device"], c["dtype"])[1]
+    if c["compile"] and c["compile_mode"] in ("reduce-overhead", "max-autotune") \
+            and dev_type != "cuda":
+        raise ConfigError(f"{path}: compile_mode {c['compile_mode']} uses CUDA graphs: on a CUDA "
+                          f"device only")
+    return c
+
+
+def config_step_fn(c):
+    """(step, info, warm-up steps): step is a closure running one optimizer step of train.py's
+    config c as train.py runs it (model.build_model, configure_optimizers, its micro-batch split,
+    dtype, compile and dropout, autograd.grad into kept .grad tensors, the loss sums read back), on
+    random token ids already on the device: data loading is left out (the data section: ~0.02% of a
+    step). The threads are torch's, as in train.py (OMP_NUM_THREADS)."""
+    dev, dev_type, dtype = resolve_device(c["device"], c["dtype"])
+    rows = c["gradient_accumulation_steps"] * c["batch_size"]  # one process: no DDP split
+    n_micro = next(n for n in range(1, rows + 1)
+                   if rows % n == 0 and rows // n <= (c["micro_batch"] or c["batch_size"]))
+    mode = c["compile_mode"]
+    if mode == "auto":
+        mode = "reduce-overhead" if dev_type == "cuda" else "default"
+    graphs = c["compile"] and mode in ("reduce-overhead", "max-autotune")
+    torch.manual_seed(c["seed"])
+    raw = build_model(model_config_of(c)).to(dev)
+    optimizer = raw.configure_optimizers(c["weight_decay"], c["lr"], (c["beta1"], c["beta2"]),
+                                         dev_type)
+    scaler = torch.amp.GradScaler(dev_type, enabled=dtype == "float16")
+    model = torch.compile(raw, mode=mode, dynamic=False) if c["compile"] else raw
+    params = list(raw.parameters())
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    g = torch.Generator().manual_seed(c["seed"])
+    batches = [tuple(torch.randint(0, c["vocab_size"], (rows // n_micro, c["context_size"]),
+                                   generator=g).to(dev) for _ in range(2)) for _ in range(n_micro)]
+    amp = (contextlib.nullcontext() if dtype == "float32"
+           else torch.autocast(dev_type, getattr(torch, dtype)))
+    mark_step = torch.compiler.cudagraph_mark_step_begin if graphs else lambda: None
+    emb = raw.config.arch == "aed" and raw.config.embedding_loss_type != "NONE"
+
+    def step():
+        stats = torch.zeros(3, device=dev)
+        for x, y in batches:
+            mark_step()
+            with amp:
+                _, loss = model(x, y, return_logits=False)
+            torch._foreach_add_(grads, torch.autograd.grad(
+                scaler.scale(loss / n_micro), params, materialize_grads=True))
+            stats[0] += loss.detach().float()
+            stats[1] += raw.last_ce.float()
+            if emb:
+                stats[2] += raw.last_embedding_loss.float()
+        stats.tolist()  # train.py reads the sums every step: a wait for the device
+        if c["grad_clip"] > 0.0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, c["grad_clip"])
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=False)
+        if dev_type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    info = {"arch": c["arch"], "params": raw.get_num_params(), "device": dev, "dtype": dtype,
+            "compile": mode if c["compile"] else "off", "dropout_rate": c["dropout_rate"],
+            "batch": f"{c['batch_size']}x{c['context_size']}",
+            "gradient_accumulation_steps": c["gradient_accumulation_steps"],
+            "micro_steps": n_micro, "micro_batch": rows // n_micro,
+            "tokens_per_step": rows * c["context_size"], "flops_per_token": raw.flops_per_token()}
+    return step, info, 3 if graphs else 1  # CUDA graphs: recorded in the warm-up, then replayed
+
+
+def bench_configs():
+    """The training step of each config file given (config_files, with config_overrides on each),
+    interleaved: each one's median ms/step and its ratio to the first config's."""
+    fns, infos, warm_up = {}, {}, 1
+    for path, c in zip(config_files, configs):
+        n = sum(label.split(" (")[0] == path for label in fns)
+        label = path if n == 0 else f"{path} ({n + 1})"  # a config twice: an A/A noise check
+        fns[label], infos[label], w = config_step_fn(c)
+        warm_up = max(warm_up, w)
+    print(f"training step of each config, interleaved, {repeats} steps each after {warm_up} "
+          f"warm-up(s), {torch.get_num_threads()} thread(s):", flush=True)
+    print(f"  {'config':40s} {'params':>10s} {'batch':>9s} {'ms/step':>9s} {'q1-q3':>15s} "
+          f"{'tok/s':>8s} {'/ first':>7s} {'paired':>7s}", flush=True)
+    rows, first, times = [], None, interleaved_times(fns, repeats, warm_up)
+    ref = next(iter(times.values()))
+    for label, ts in times.items():
+        ms = sorted(1000 * t for t in ts)
+        # the median of the per-round ratios: a round's steps share the load of its moment
+        paired = statistics.median(t / t0 for t, t0 in zip(ts, ref))
+        median = statistics.median(ms)
+        q1, _, q3 = statistics.quantiles(ms, n=4) if len(ms) > 1 else (median,) * 3
+        info = infos[label]
+        first = first or median
+        tok_s = info["tokens_per_step"] / (median / 1000)
+        row = {"config": label, **info, "steps": repeats, "ms_per_step": median, "ms_q1": q1,
+               "ms_q3": q3, "ms_min": ms[0], "ms_max": ms[-1], "tokens_per_s": tok_s,
+               "share_of_matmul_peak": info["flops_per_token"] * tok_s
+               / results["matmul_peak_flops"], "ratio_to_first": median / first,
+               "ratio_to_first_paired": paired, "ms_steps": [round(1000 * t, 3) for t in ts]}
+        rows.append(row)
+        print(f"  {label:40s} {info['params']:10,} {info['batch']:>9s} {median:9.1f} "
+              f"{f'{q1:.1f}-{q3:.1f}':>15s} {tok_s:8.0f} {row['ratio_to_first']:7.3f} "
+              f"{paired:7.3f}", flush=True)
+    results["train_configs"] = rows
 
 
 # the step section's variants, in order of value: (model, micro-batches of a step's sequences,
@@ -616,16 +754,16 @@ def bench_data():
 
     prepare.prepare(log=lambda msg: None)  # the default data (a few seconds)
     with tempfile.TemporaryDirectory() as tmp:
-        # the real train.bin; a val.bin of its first 4,096 tokens, so that train.py's score on all
-        # of val.bin at the end costs seconds, not most of the section
+        # the real train.bin; a val.bin of its first 2,048 tokens (one batch of 15 windows), so
+        # that train.py's score on all of val.bin at the end costs a second, not most of the section
         data = os.path.join(tmp, "data", "wikipedia")
         os.makedirs(data)
         os.symlink(os.path.abspath(os.path.join("data", "wikipedia", "train.bin")),
                    os.path.join(data, "train.bin"))
         with open(os.path.join("data", "wikipedia", "val.bin"), "rb") as f:
             with open(os.path.join(data, "val.bin"), "wb") as g:
-                g.write(f.read(2 * 4096))  # uint16
-        steps = 6 if quick else 8
+                g.write(f.read(2 * 2048))  # uint16
+        steps = 2 + repeats if quick else 8  # the first 2 are not timed (warm-up)
         cmd = [sys.executable, "train.py", f"--out_dir={tmp}/out", f"--data_dir={tmp}/data",
                "--arch=gpt", "--n_layer=4", "--n_embed=128", "--n_head=4", "--context_size=128",
                "--batch_size=16", "--gradient_accumulation_steps=1", f"--train_steps={steps}",
@@ -744,9 +882,44 @@ def bench_memory():
     results["memory"] = rows
 
 
+def split_argv(argv):
+    """(bench.py's own options, config files, their --key=value): a train.py key that is not
+    bench.py's (--n_layer=1) goes to every config; --device, a key of both, to both."""
+    train = train_defaults()
+    help_asked = "-h" in argv or "--help" in argv  # load_config prints it, whatever else is there
+    own, files, overrides = [], [], []
+    for arg in argv:
+        if not arg.startswith("-"):
+            files.append(arg)
+            continue
+        key = arg.lstrip("-").partition("=")[0].replace("-", "_")
+        if key.startswith("no_") and key not in defaults and key not in train:
+            key = key[3:]  # --no-compile
+        if key not in train and key not in defaults and not help_asked and key != "config":
+            raise unknown_key_error(key, {**defaults, **train}, "on the command line")
+        if key in train:
+            overrides.append(arg)
+        if key not in train or key in defaults:
+            own.append(arg)
+    return own, files, overrides
+
+
 if __name__ == "__main__":
     try:
-        globals().update(load_config(defaults, sys.argv[1:]))
+        argv, config_files, config_overrides = split_argv(sys.argv[1:])
+        stray = [a for a in config_overrides if a not in argv]  # --device alone is bench's
+        if stray and not config_files:
+            raise ConfigError(f"{stray[0]} sets a key of the config files to time (train.py's): "
+                              f"give config files, e.g. python bench.py config/bytes_baseline.py")
+        # config files: the train section times them alone, unless --sections says otherwise
+        base = dict(defaults, sections="train") if config_files else None
+        globals().update(load_config(defaults, argv, base=base))
+        if config_files and "train" not in sections.split(","):
+            raise ConfigError("config files are timed in the train section: add train to "
+                              "--sections")
+        configs = [read_train_config(path) for path in config_files]
+        if configs:
+            device = configs[0]["device"]  # the matmul peak and machine(): the first config's
         unknown = set(sections.split(",")) - {"train", "generate", "data", "prepare", "memory",
                                               "step", "params"}
         if unknown:
@@ -782,8 +955,8 @@ if __name__ == "__main__":
     for section in sections.split(","):
         print(f"== {section}", flush=True)
         t0 = time.time()
-        {"train": bench_train, "generate": bench_generate, "data": bench_data,
-         "prepare": bench_prepare, "memory": bench_memory, "step": bench_step,
+        {"train": bench_configs if configs else bench_train, "generate": bench_generate,
+         "data": bench_data, "prepare": bench_prepare, "memory": bench_memory, "step": bench_step,
          "params": bench_params}[section]()
         results.setdefault("section_seconds", {})[section] = round(time.time() - t0, 1)
         print(f"  ({section}: {time.time() - t0:.0f} s)", flush=True)

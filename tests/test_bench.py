@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -65,6 +66,54 @@ def test_bench_bad_option():
     p = subprocess.run([sys.executable, "bench.py", "--quik=True"], cwd=HERE, capture_output=True,
                        text=True, env=ENV)
     assert p.returncode == 1 and "quick" in p.stderr and "Traceback" not in p.stderr
+
+
+BYTE_CONFIGS = ["config/bytes_baseline.py", "config/bytes_aed_mse_possub.py"]
+
+
+def test_bench_config_files(tmp_path):
+    """Config files: each one's training step as train.py would take it (its batch, dtype, compile,
+    split), interleaved; a row per config with its median, and the ratio to the first that the
+    medians give. Tiny models: the plumbing is tested, not the figures."""
+    out = tmp_path / "bench.json"
+    p = subprocess.run([sys.executable, "bench.py", *BYTE_CONFIGS, "--n_layer=1", "--n_embed=16",
+                        "--context_size=16", "--batch_size=2", "--repeats=3", f"--out_json={out}"],
+                       cwd=HERE, capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(out.read_text())
+    assert set(r["section_seconds"]) == {"train"} and "train" not in r
+    rows = r["train_configs"]
+    assert [row["config"] for row in rows] == BYTE_CONFIGS
+    assert [row["arch"] for row in rows] == ["gpt", "aed"]
+    for row in rows:  # bytes_common.py's settings, the overrides on top
+        assert (row["device"], row["dtype"], row["compile"], row["batch"], row["micro_steps"],
+                row["steps"]) == ("cpu", "float32", "off", "2x16", 1, 3), row
+        assert row["ms_q1"] <= row["ms_per_step"] <= row["ms_q3"] and len(row["ms_steps"]) == 3
+        assert row["ms_per_step"] == pytest.approx(statistics.median(row["ms_steps"]), abs=1e-3)
+        assert row["tokens_per_s"] == pytest.approx(2 * 16 / row["ms_per_step"] * 1000)
+        assert row["ratio_to_first"] == pytest.approx(row["ms_per_step"] / rows[0]["ms_per_step"])
+        assert row["config"] in p.stdout
+    assert rows[0]["ratio_to_first"] == rows[0]["ratio_to_first_paired"] == 1.0
+    # the paired ratio: the median of the rounds' ratios (the same round's steps)
+    assert rows[1]["ratio_to_first_paired"] == pytest.approx(statistics.median(
+        a / g for a, g in zip(rows[1]["ms_steps"], rows[0]["ms_steps"])), rel=1e-2)
+    # the table's ratio columns are the JSON's
+    line = next(x for x in p.stdout.splitlines() if BYTE_CONFIGS[1] in x)
+    assert [float(x) for x in line.split()[-2:]] == pytest.approx(
+        [rows[1]["ratio_to_first"], rows[1]["ratio_to_first_paired"]], abs=1e-3)
+
+
+@pytest.mark.parametrize("args,words", [
+    (["config/bytes_baselin.py"], "config file not found: config/bytes_baselin.py (did you mean"),
+    (["config/bytes_baseline.py", "--n_layr=1"], "did you mean 'n_layer'"),
+    (["--n_layer=1"], "give config files"),
+    (["config/bytes_baseline.py", "--n_embed=15"], "divisible"),
+])
+def test_bench_config_files_bad_input(args, words):
+    p = subprocess.run([sys.executable, "bench.py", *args], cwd=HERE, capture_output=True,
+                       text=True, env=ENV, timeout=120)
+    assert p.returncode == 1 and p.stdout == "", p.stdout
+    assert p.stderr.count("\n") == 1 and words in p.stderr and "Traceback" not in p.stderr
 
 
 def test_uncached_lengths():
