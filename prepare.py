@@ -185,14 +185,6 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     tmp = {k: os.path.join(out, f"{k}.{os.getpid()}.tmp")  # never taken for finished bins
            for k in ("train.bin", "val.bin", "meta.json")}
     os.makedirs(out, exist_ok=True)
-    for f in os.listdir(out):  # remove the temporary files of killed runs: those whose pid is gone
-        try:
-            if m := re.fullmatch(r"(?:train\.bin|val\.bin|meta\.json)\.(\d+)\.tmp", f):
-                os.kill(int(m[1]), 0)  # signal 0: only asks whether the process exists
-        except ProcessLookupError:
-            os.remove(os.path.join(out, f))
-        except PermissionError:
-            pass  # alive: another user's process
     try:
         path = input or wikipedia_text()
         n_chars, last_eot_end = scan(path, log, "writing their UTF-8 bytes" if tokenizer == "bytes"
