@@ -71,7 +71,8 @@ def scan(path, log=lambda msg: None, then=""):
     once it meets text, so an empty, binary or unreadable file is told alone."""
     n_chars, last_eot_end, nonblank, tail = 0, -1, False, ""
     for text in read_text(path):
-        if (i := (t := tail + text).rfind(EOT)) >= 0:  # an EOT may straddle two blocks
+        t = tail + text  # an EOT may straddle two blocks
+        if (i := t.rfind(EOT)) >= 0:
             last_eot_end = n_chars - len(tail) + i + len(EOT)
         tail, n_chars = t[1 - len(EOT):], n_chars + len(text)
         if not nonblank and (nonblank := bool(text.strip())):
@@ -148,19 +149,20 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     if input and not os.path.exists(input):
         raise PrepareError(f"input not found: {input}")
-    name = name or re.sub(r"(\.(txt|gz|bz2|xz))+$", "", os.path.basename(input or "wikipedia")
-                          ) + "_bytes" * b
+    if not name:  # wikipedia or the input's, without .txt, .gz, ...; + _bytes for byte ids
+        name = re.sub(r"(\.(txt|gz|bz2|xz))+$", "", os.path.basename(input or "wikipedia"))
+        name += "_bytes" * b
     if not re.fullmatch(r"[\w.-]+", name) or name in (".", ".."):
         raise PrepareError(f"--name must be letters, digits, '_', '-' or '.', got {name!r}")
     out, t0 = os.path.join(data_dir, name), time.time()
-    final = {k: os.path.join(out, k) for k in ("train.bin", "val.bin", "meta.json")}
+    final = {k: os.path.join(out, k) for k in ("meta.json", "train.bin", "val.bin")}
     tmp = {k: f"{p}.{os.getpid()}.tmp" for k, p in final.items()}  # never taken for finished bins
     os.makedirs(out, exist_ok=True)
     try:
         path = input or wikipedia_text()
         threads = os.cpu_count() or 1
-        n_chars, last_eot_end = scan(path, log, "writing their UTF-8 bytes" if b
-                                     else f"encoding them on {threads} threads")
+        plan = "writing their UTF-8 bytes" if b else f"encoding them on {threads} threads"
+        n_chars, last_eot_end = scan(path, log, plan)
         split_at = int(n_chars * (1 - val_fraction))  # text[:int(n * 0.9)]
         at_eot = eot and last_eot_end > split_at
         enc, counts, last_log = get_tokenizer(tokenizer), [0, 0], t0
@@ -179,19 +181,20 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
                     last_log, n = time.time(), sum(counts)
                     log(f"{n:,} tokens, {n / (last_log - t0):,.0f} tokens/s")
         if min(counts) < min_tokens:
-            raise PrepareError(f"too few tokens for a train/val split: train {counts[0]:,}, val "
-                               f"{counts[1]:,}, each needs {min_tokens:,} (see --min_tokens)")
-        meta = {"vocab_size": enc.n_vocab, "eot_token": enc.eot_token, "dtype": "uint16",
-                "tokenizer": tokenizer, "train_tokens": counts[0], "val_tokens": counts[1],
-                "eot_separates_documents": eot, "characters": n_chars, "split_character": split_at,
-                "split_moved_to_document_end": at_eot, "source": input or WIKI_SOURCE,
-                "license": "unknown (user-supplied input)" if input else WIKI_LICENSE}
+            raise PrepareError(f"too few tokens: train {counts[0]:,}, val {counts[1]:,}; each "
+                               f"split needs {min_tokens:,} (--min_tokens)")
+        meta = dict(
+            vocab_size=enc.n_vocab, eot_token=enc.eot_token, dtype="uint16", tokenizer=tokenizer,
+            train_tokens=counts[0], val_tokens=counts[1], eot_separates_documents=eot,
+            characters=n_chars, split_character=split_at, split_moved_to_document_end=at_eot,
+            source=input or WIKI_SOURCE,
+            license="unknown (user-supplied input)" if input else WIKI_LICENSE)
         with open(tmp["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
-        for k in ("meta.json", "train.bin", "val.bin"):  # old outputs go first: never a mixed pair
-            if os.path.exists(final[k]):
-                os.remove(final[k])
-        for k in ("val.bin", "train.bin", "meta.json"):
+        for p in final.values():  # old outputs go first, meta.json first: never a mixed pair
+            if os.path.exists(p):
+                os.remove(p)
+        for k in reversed(final):  # val.bin, train.bin, meta.json
             os.replace(tmp[k], final[k])
     finally:
         for p in tmp.values():

