@@ -126,7 +126,7 @@ def wikipedia_text():
     """The default corpus as one text file in the cache, documents separated by EOT. The JSON groups
     articles by topic: a fixed pseudo-random order (sha256 of the title) lets val sample each."""
     json_path = os.path.join(CACHE_DIR, WIKI_WHEEL.replace("==", "-"), os.path.basename(WIKI_JSON))
-    txt_path = json_path.replace(".json", ".txt")
+    txt_path = json_path.removesuffix(".json") + ".txt"
     wheel_files(WIKI_WHEEL, WIKI_SHA256, {WIKI_JSON: json_path})
     if not os.path.exists(txt_path):
         with open(json_path, encoding="utf-8") as f:  # {title: {"title", "extract", ...}}
@@ -207,7 +207,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
              + (f" --dataset={name}" if name != "wikipedia" + "_bytes" * b else "")
              + (" --train_tokens=0" if input and b else ""))  # all of it, not the configs' 1M
     flags += f" --out_dir=out-{name}" if flags else ""  # not the config's own run: that is refused
-    # the note: as the byte study's runs took (experiments/bytes/)
+    # bytes: how long the byte study's runs took (experiments/bytes/)
     log(f"train on it: python train.py config/{'bytes' if b else 'cpu'}_aed_mse_possub.py{flags}"
         + ("  # ~1 h on one CPU thread; a first look: --train_steps=1000, ~10 min" if b else ""))
     return meta

@@ -67,6 +67,8 @@ from checkpoint import CheckpointError, load as load_checkpoint
 from model import build_model
 from tokenizer import EOT, get_tokenizer  # here: EOT is no config key
 
+# float32: autocast off (it would warn that float32 is not a dtype it casts to)
+autocast = torch.autocast(device_type, getattr(torch, dtype), enabled=dtype != 'float32')
 torch.manual_seed(seed)
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')
@@ -98,9 +100,7 @@ print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt
       file=sys.stderr, flush=True)
 interrupt_on_signals()  # Ctrl-C and SIGTERM, between two tokens
 try:
-    # float32: autocast off (it would warn that the dtype is not one it casts to)
-    with torch.no_grad(), torch.autocast(device_type, getattr(torch, dtype),
-                                         enabled=dtype != 'float32'):
+    with torch.no_grad(), autocast:
         for _ in range(num_samples):
             utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')  # as enc.decode
             print_tokens(x)  # the prompt
