@@ -72,8 +72,7 @@ class Bytes:
     def encode_batch(self, texts, num_threads=1, allowed_special=()):
         return [self.encode(t, allowed_special) for t in texts]
 
-    def encode_ordinary_batch(self, texts, num_threads=1):
-        return self.encode_batch(texts)
+    encode_ordinary_batch = encode_batch  # without allowed_special: "<|endoftext|>" stays text
 
     def decode_single_token_bytes(self, i):
         return bytes([i]) if i else EOT.encode()
