@@ -42,7 +42,7 @@ if checkpoint not in ('best', 'last'):
 if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature < 0:
     die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature >= 0 (0: greedy)")
 if compile and not kv_cache:
-    die("--compile=True (of the cached one-token step) needs --kv_cache=True")
+    die("--compile=True needs --kv_cache=True (it compiles the cached one-token step)")
 
 # the model, from the checkpoint alone: its config says which architecture and shape
 ckpt_path = os.path.join(out_dir, f'ckpt_{checkpoint}.pt')
@@ -76,7 +76,7 @@ try:
     ckpt, model_config = load_checkpoint(ckpt_path)  # checksum, config vs weights, finite weights
 except CheckpointError as e:
     die(e)
-model = build_model(model_config)  # the model, from the checkpoint alone: its config says which
+model = build_model(model_config)
 model.load_state_dict(ckpt['model'])
 model.eval().to(device)
 if compile:
