@@ -54,6 +54,12 @@ def _unclaim(out_dir, created):
                 os.rmdir(out_dir)
 
 
+def _stop_on_signal(run, r):  # the signal thread; it holds the run weakly (a test's process
+    while (signum := os.read(r, 1)[0]) not in STOP_SIGNALS:  # runs several, one after another)
+        pass
+    run()._stop(signum)
+
+
 def duration(s):
     return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 90 * 60 else f"{s / 3600:.1f} h"
 
@@ -224,10 +230,7 @@ class RunDir:
         for sig in STOP_SIGNALS:  # the main thread stops too, at its next bytecode, unless saving
             signal.signal(sig, lambda signum, frame: self._stop(signum, wait=False))
         signal.set_wakeup_fd(w)
-        run = weakref.ref(self)  # the thread outlives the run only in a test's process
-        threading.Thread(target=lambda: run()._stop(next(
-            s for s in iter(lambda: os.read(r, 1)[0], None) if s in STOP_SIGNALS)),
-            daemon=True).start()
+        threading.Thread(target=_stop_on_signal, args=(weakref.ref(self), r), daemon=True).start()
         sys.excepthook = self._excepthook
         if os.environ.get('RANK') and sys.platform == 'linux':  # the rank dies with torchrun
             import ctypes

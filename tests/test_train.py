@@ -1126,8 +1126,11 @@ def test_resume_repairs_best_and_summary(tmp_path):
               'tokens_seen'):
         assert repaired[k] == summary[k], k
     assert repaired['status'] == 'finished'
-    # a finished run says so and how to go on; what a resume changes is printed
+    # a finished run says so and how to go on, and keeps its summary (scores, wall time) as it was
     assert 'finished at step 10: --train_steps=N (N > 10) trains on' in p.stdout
+    assert tiny_run(tmp_path, '--init_from=resume').returncode == 0
+    assert json.load(open(os.path.join(out, 'summary.json'))) == repaired
+    # what a resume changes is printed
     (tmp_path / 'b8.py').write_text('batch_size = 8\n')  # the run's batch is 4
     p = tiny_run(tmp_path, '--init_from=resume', str(tmp_path / 'b8.py'), '--train_steps=11')
     assert p.returncode == 0, p.stderr
@@ -1227,12 +1230,15 @@ def test_signals_stop_a_run_whose_output_pipe_is_closed(tmp_path):
         assert_stop_recorded(out, f'interrupted by {signal.Signals(sig).name}')
     # the reader gone without a signal (tee closed first): the next line stops the run as a
     # signal does, recorded, exit 141 (SIGPIPE's)
+    # (stderr apart, as `2>err.log | head`: the stop's one line goes there)
     proc = subprocess.Popen([PY, 'train.py', *args, '--init_from=resume', '--log_interval=1'],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     while not (line := proc.stdout.readline()).startswith(b'step '):  # training
         assert line, 'the run ended'
     proc.stdout.close()
     assert proc.wait(timeout=60) == 141
+    err = proc.stderr.read().decode()
+    assert err.startswith('error: interrupted by SIGPIPE at step ') and err.count('\n') == 1, err
     assert_stop_recorded(out, 'interrupted by SIGPIPE')
 
 
