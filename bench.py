@@ -260,7 +260,8 @@ def read_train_config(path):
 def config_step_fn(c):
     """(step, info, warm-up steps): step is a closure running one optimizer step of train.py's
     config c as train.py runs it (model.build_model, configure_optimizers, its micro-batch split,
-    dtype, compile and dropout, autograd.grad into kept .grad tensors, the loss sums read back), on
+    dtype, compile and dropout, .backward() or under CUDA graphs autograd.grad into kept .grad
+    tensors, the loss sums read back), on
     random token ids already on the device: data loading is left out (the data section: ~0.02% of a
     step). The threads are torch's, as in train.py (OMP_NUM_THREADS)."""
     dev, dev_type, dtype = resolve_device(c["device"], c["dtype"])
@@ -277,10 +278,10 @@ def config_step_fn(c):
                                          dev_type)
     scaler = torch.amp.GradScaler(dev_type, enabled=dtype == "float16")
     model = torch.compile(raw, mode=mode, dynamic=False) if c["compile"] else raw
-    params = list(raw.parameters())
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
+    params = [p for p in raw.parameters() if p.requires_grad]
+    if graphs:
+        for p in params:
+            p.grad = torch.zeros_like(p)
     g = torch.Generator().manual_seed(c["seed"])
     batches = [tuple(torch.randint(0, c["vocab_size"], (rows // n_micro, c["context_size"]),
                                    generator=g).to(dev) for _ in range(2)) for _ in range(n_micro)]
@@ -295,8 +296,11 @@ def config_step_fn(c):
             mark_step()
             with amp:
                 _, loss = model(x, y, return_logits=False)
-            torch._foreach_add_(grads, torch.autograd.grad(
-                scaler.scale(loss / n_micro), params, materialize_grads=True))
+            if graphs:
+                torch._foreach_add_([p.grad for p in params], torch.autograd.grad(
+                    scaler.scale(loss / n_micro), params, materialize_grads=True))
+            else:
+                scaler.scale(loss / n_micro).backward()
             stats[0] += loss.detach().float()
             stats[1] += raw.last_ce.float()
             if emb:
@@ -307,7 +311,7 @@ def config_step_fn(c):
             torch.nn.utils.clip_grad_norm_(params, c["grad_clip"])
         scaler.step(optimizer)
         scaler.update()
-        optimizer.zero_grad(set_to_none=False)
+        optimizer.zero_grad(set_to_none=not graphs)
         if dev_type == "cuda":
             torch.cuda.synchronize(dev)
 
@@ -357,9 +361,10 @@ def bench_configs():
 
 
 # the step section's variants, in order of value: (model, micro-batches of a step's sequences,
-# compile mode, accumulation). 'backward' is the step as it was (.backward() through AccumulateGrad,
-# logits returned), each model's gradient reference; 'grad' is train.py's (autograd.grad into the
-# kept .grad tensors, one foreach add, no logits). One micro-batch of 800 needs ~85 GB: left out.
+# compile mode, accumulation). 'backward' is .backward() through AccumulateGrad with the logits
+# returned, each model's gradient reference; 'grad' is train.py's under CUDA graphs (autograd.grad
+# into the kept .grad tensors, one foreach add, no logits). One micro-batch of 800 needs ~85 GB:
+# left out.
 STEP_PLAN = [("gpt", 16, "default", "backward"), ("gpt", 16, "reduce-overhead", "grad"),
              ("gpt", 4, "reduce-overhead", "grad"), ("aed", 16, "default", "backward"),
              ("aed", 4, "reduce-overhead", "grad"), ("aed", 16, "reduce-overhead", "grad"),
