@@ -53,30 +53,29 @@ class ModelConfig:
     embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias
 
     def __post_init__(self):
-        for f in fields(self):  # in order: arch is checked before the AED-only fields
-            v, types = getattr(self, f.name), typing.get_args(f.type) or (f.type,)
+        for f in fields(self):  # in order: arch, the counts, the loss type before what they rule
+            name, v, types = f.name, getattr(self, f.name), typing.get_args(f.type) or (f.type,)
             if type(v) is int and float in types:
-                setattr(self, f.name, v := float(v))
+                setattr(self, name, v := float(v))
             # type(), not isinstance: True is not an int here; every int is a count
-            if type(v) not in types or v is not None and (v not in ENUMS.get(f.name, (v,))
+            if type(v) not in types or v is not None and (v not in ENUMS.get(name, (v,))
                                                           or int in types and v < 1):
-                kinds = ENUMS.get(f.name) or [t.__name__.replace("NoneType", "None") for t in types]
-                raise ValueError(f"{f.name} must be {' or '.join(kinds)}"
+                kinds = ENUMS.get(name) or [t.__name__.replace("NoneType", "None") for t in types]
+                raise ValueError(f"{name} must be {' or '.join(kinds)}"
                                  f"{' (>= 1)' if int in types else ''}, got {v!r}")
-            if v != f.default and f.name in AED_ONLY and self.arch == "gpt":
-                raise ValueError(f"{f.name} is an AED option: it must stay {f.default!r} for gpt")
-            if v is not None and f.name in EMBEDDING_LOSS_DEFAULTS \
-                    and self.embedding_loss_type == "NONE":
-                raise ValueError(f"{f.name} is set but embedding_loss_type is NONE")
+            off = None  # why the field must stay at its default, if it must
+            if self.arch == "gpt" and name in AED_ONLY:
+                off = "arch is gpt (an AED option)"
+            elif name in EMBEDDING_LOSS_DEFAULTS and self.embedding_loss_type == "NONE":
+                off = "embedding_loss_type is NONE"
+            if off and v != f.default:
+                raise ValueError(f"{name} must stay {f.default!r} while {off}")
+            if v is None and not off:  # None means the default
+                setattr(self, name, dict(EMBEDDING_LOSS_DEFAULTS, n_decoder_layer=self.n_layer,
+                                         cross_attn_n_head=2 * self.n_head,
+                                         cross_attn_use_bias=self.use_bias).get(name))
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
-        defaults = dict(EMBEDDING_LOSS_DEFAULTS) if self.embedding_loss_type != "NONE" else {}
-        if self.arch == "aed":
-            defaults.update(n_decoder_layer=self.n_layer, cross_attn_n_head=2 * self.n_head,
-                            cross_attn_use_bias=self.use_bias)
-        for name, default in defaults.items():  # None means the default
-            if getattr(self, name) is None:
-                setattr(self, name, default)
         for name in ("n_head", "cross_attn_n_head"):
             if (heads := getattr(self, name)) and self.n_embed % heads:
                 raise ValueError(f"n_embed ({self.n_embed}) must be divisible by {name} ({heads})")
@@ -87,48 +86,49 @@ AED_ONLY = ("n_decoder_layer", "cross_attn_n_head", "cross_attn_use_bias", "orde
             *EMBEDDING_LOSS_DEFAULTS)
 
 
-class Attention(nn.Module):
-    """Causal self-attention, or the AED decoder's cross-attention to the encoder output, causal too
-    (encoder position t+1 has read token t+1, the target)."""
+def layer_norm(c):
+    return nn.LayerNorm(c.n_embed, bias=c.use_bias)
 
-    def __init__(self, n_embed, n_head, bias, dropout_rate, cross=False):
+
+class Attention(nn.Module):
+    """Causal self-attention, or (cross=True) the AED decoder's cross-attention to the encoder
+    output, causal too (encoder position t+1 has read token t+1, the target)."""
+
+    def __init__(self, c, cross=False):
         super().__init__()
-        self.n_head, self.cross, self.dropout_rate = n_head, cross, dropout_rate
+        C, bias = c.n_embed, c.cross_attn_use_bias if cross else c.use_bias
+        self.n_head = c.cross_attn_n_head if cross else c.n_head
         if cross:
-            self.q_proj = nn.Linear(n_embed, n_embed, bias=bias)
-            self.kv_proj = nn.Linear(n_embed, 2 * n_embed, bias=bias)
+            self.q_proj, self.kv_proj = nn.Linear(C, C, bias=bias), nn.Linear(C, 2 * C, bias=bias)
         else:
-            self.c_attn = nn.Linear(n_embed, 3 * n_embed, bias=bias)
-        self.c_proj = nn.Linear(n_embed, n_embed, bias=bias)
-        self.resid_dropout = nn.Dropout(dropout_rate)
-        self.layer_idx = None  # this layer's slot in a KVCache, set by Transformer
+            self.c_attn = nn.Linear(C, 3 * C, bias=bias)
+        self.c_proj = nn.Linear(C, C, bias=bias)
+        self.resid_dropout = nn.Dropout(c.dropout_rate)
 
     def forward(self, x, enc=None, cache=None, pos=None):
-        # x: (B, T, C); enc: (B, T, C) the normed encoder output; pos: (T,) their slots in cache
+        # x: (B, T, C); enc: (B, T, C) the normed encoder output (cross-attention); pos: (T,) their
+        # slots in cache
         B, T, C = x.size()
-        if self.cross:
-            q, k, v = self.q_proj(x), *self.kv_proj(enc).split(C, dim=2)
-        else:
-            q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (self.c_attn(x).split(C, dim=2) if enc is None else
+                   (self.q_proj(x), *self.kv_proj(enc).split(C, dim=2)))
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        dropout_p = self.dropout_rate if self.training else 0.0  # the author's also did in eval
         if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            p = self.resid_dropout.p if self.training else 0.0  # the author's also did in eval
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:  # k, v: (B, nh, context_size, hs) every cached key; mask: what each query sees
             k, v, mask = cache.update(self.layer_idx, pos, k, v)
             # not SDPA: for a few queries on CPU its kernel costs ~100 us; torch.compile fuses these
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, context)
             y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
 class MLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, c):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embed, 4 * config.n_embed, bias=config.use_bias)
-        self.c_proj = nn.Linear(4 * config.n_embed, config.n_embed, bias=config.use_bias)
-        self.dropout = nn.Dropout(config.dropout_rate)
+        C, bias = c.n_embed, c.use_bias
+        self.c_fc, self.c_proj = nn.Linear(C, 4 * C, bias=bias), nn.Linear(4 * C, C, bias=bias)
+        self.dropout = nn.Dropout(c.dropout_rate)
 
     def forward(self, x):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # exact (erf) GELU
@@ -140,22 +140,17 @@ class Block(nn.Module):
 
     def __init__(self, c, cross_attn=False):
         super().__init__()
-        C, bias = c.n_embed, c.use_bias
-        self.ln_1 = nn.LayerNorm(C, bias=bias)
-        self.attn = Attention(C, c.n_head, bias, c.dropout_rate)
-        if cross_attn:
-            self.ln_q = nn.LayerNorm(C, bias=bias)
-            self.ln_kv = nn.LayerNorm(C, bias=bias)  # each decoder block normalizes enc its own way
-            self.cross_attn = Attention(C, c.cross_attn_n_head, c.cross_attn_use_bias,
-                                        c.dropout_rate, cross=True)
+        self.ln_1, self.attn = layer_norm(c), Attention(c)
+        if cross_attn:  # ln_kv: each decoder block normalizes enc its own way
+            self.ln_q, self.ln_kv = layer_norm(c), layer_norm(c)
+            self.cross_attn = Attention(c, cross=True)
             self.cross_first = c.order_type == "ALT"
-        self.ln_2 = nn.LayerNorm(C, bias=bias)
-        self.mlp = MLP(c)
+        self.ln_2, self.mlp = layer_norm(c), MLP(c)
 
     def forward(self, x, enc=None, cache=None, pos=None):
         if enc is not None and self.cross_first:
             x = x + self.cross_attn(self.ln_q(x), self.ln_kv(enc), cache, pos)
-        x = x + self.attn(self.ln_1(x), cache=cache, pos=pos)
+        x = x + self.attn(self.ln_1(x), None, cache, pos)
         if enc is not None and not self.cross_first:
             x = x + self.cross_attn(self.ln_q(x), self.ln_kv(enc), cache, pos)
         return x + self.mlp(self.ln_2(x))
@@ -168,14 +163,15 @@ class KVCache:
         self.k, self.v = [None] * n_layers, [None] * n_layers
         self.context_size, self.pos = context_size, 0
 
-    def update(self, layer_idx, pos, k, v):
-        # k, v: (B, nh, T, hs) at pos (T,) -> buffers (B, nh, context_size, hs), mask (T, context)
+    def update(self, i, pos, k, v):
+        # layer i's k, v: (B, nh, T, hs) at pos (T,) -> its buffers (B, nh, context_size, hs) and
+        # the mask (T, context_size)
         for buffers, new in ((self.k, k), (self.v, v)):
-            if buffers[layer_idx] is None:  # zeros: a masked slot weighs 0, but 0 * NaN is NaN
-                buffers[layer_idx] = new.new_zeros(*new.shape[:2], self.context_size, new.size(3))
-            buffers[layer_idx].index_copy_(2, pos, new)
-        mask = pos.view(-1, 1) >= torch.arange(self.context_size, device=pos.device)
-        return self.k[layer_idx], self.v[layer_idx], mask
+            if buffers[i] is None:  # zeros: a masked slot weighs 0, but 0 * NaN is NaN
+                buffers[i] = new.new_zeros(*new.shape[:2], self.context_size, new.size(3))
+            buffers[i].index_copy_(2, pos, new)
+        slots = torch.arange(self.context_size, device=pos.device)
+        return self.k[i], self.v[i], pos.view(-1, 1) >= slots
 
 
 class Transformer(nn.Module):
@@ -184,75 +180,72 @@ class Transformer(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = c = config
-        C, aed = c.n_embed, c.arch == "aed"
+        C = c.n_embed
         # tied to the head; rows up to a multiple of vocab_pad_multiple, the extra ones unused
         self.wte = nn.Embedding(-(-c.vocab_size // c.vocab_pad_multiple) * c.vocab_pad_multiple, C)
-        shift_pos = (aed and c.add_pos_embed_to_decoder) or c.sub_pos_embed_to_decoder != "NO"
-        self.wpe = nn.Embedding(c.context_size + int(shift_pos), C)  # wpe[1..T] needs one row more
+        # wpe[1..T] (added to the decoder input, or subtracted at the head) needs one row more
+        self.wpe = nn.Embedding(c.context_size + (c.add_pos_embed_to_decoder or
+                                                  c.sub_pos_embed_to_decoder != "NO"), C)
         self.drop = nn.Dropout(c.dropout_rate)
-        self.blocks = nn.ModuleList([Block(c) for _ in range(c.n_layer)])  # the AED's encoder
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layer))  # the AED's encoder
+        self.ln_bridge = layer_norm(c) if c.add_ln_before_decoder_ff else None
         self.decoder_blocks = None
-        if aed:
-            self.ln_bridge = (nn.LayerNorm(C, bias=c.use_bias) if c.add_ln_before_decoder_ff
-                              else None)
+        if c.arch == "aed":
             self.bridge = nn.Linear(C, C, bias=c.use_bias)  # "the linear pass" to the decoder
-            self.decoder_blocks = nn.ModuleList([Block(c, cross_attn=True)
-                                                 for _ in range(c.n_decoder_layer)])
+            self.decoder_blocks = nn.ModuleList(Block(c, cross_attn=True)
+                                                for _ in range(c.n_decoder_layer))
         # here, before the loss LayerNorms: a saved optimizer state follows the parameters' order
-        yes_ln = c.sub_pos_embed_to_decoder == "YES_LN"
-        self.ln_post = nn.LayerNorm(C, bias=c.use_bias) if yes_ln else None
-        if aed:  # the loss LayerNorms have a bias (or no affine part at all); no loss, none of them
-            on, affine = c.embedding_loss_type != "NONE", bool(c.embedding_ln_affine)
-            ln = lambda: nn.LayerNorm(C, elementwise_affine=affine)  # noqa: E731
-            self.ln_a = ln() if on and c.embedding_ln_type != "NONE" else None
-            self.ln_b = ln() if on and c.use_ln_on_encoder_out else None
-        self.ln_f = nn.LayerNorm(C, bias=c.use_bias)
+        self.ln_post = layer_norm(c) if c.sub_pos_embed_to_decoder == "YES_LN" else None
+        # the loss LayerNorms have a bias (or no affine part at all); no loss, none of them
+        ln = lambda: nn.LayerNorm(C, elementwise_affine=c.embedding_ln_affine)  # noqa: E731
+        self.ln_a = ln() if c.embedding_ln_type in ("INIT", "AVG_CUM_SUM") else None
+        self.ln_b = ln() if c.use_ln_on_encoder_out else None
+        self.ln_f = layer_norm(c)
         self.attention_layers = [m for m in self.modules() if isinstance(m, Attention)]
-        for i, m in enumerate(self.attention_layers):
+        for i, m in enumerate(self.attention_layers):  # each one's slot in a KVCache
             m.layer_idx = i
-        self.apply(self._init_weights)
+        # the 2-D parameters (Linear, Embedding weights) ~ N(0, 0.02), biases 0, LayerNorm weights 1
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                nn.init.normal_(p, 0.0, 0.02)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
         for name, p in self.named_parameters():  # residual projections: by their stream's depth
             if name.endswith("c_proj.weight"):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * depth))
+                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * depth))
         self.last_ce = self.last_embedding_loss = self.compiled_decode_step = None
-
-    def _init_weights(self, module):
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-        if isinstance(module, nn.Linear) and module.bias is not None:
-            nn.init.zeros_(module.bias)
 
     def get_num_params(self):
         """As the author counts: the tied wte once, without wpe (and without wte's padding rows)."""
-        padding = (self.wte.weight.size(0) - self.config.vocab_size) * self.config.n_embed
-        return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel() - padding
+        padding = self.wte.weight[self.config.vocab_size:]
+        return sum(p.numel() for p in self.parameters()) - self.wpe.weight.numel() - padding.numel()
 
     def flops_per_token(self):
         """Training FLOPs per token at T = context_size (PaLM): 6 N + 12 T C per attention layer."""
-        c = self.config
-        attention = 12 * len(self.attention_layers) * c.n_embed * c.context_size
+        attention = 12 * len(self.attention_layers) * self.config.n_embed * self.config.context_size
         return 6 * self.get_num_params() + attention
 
     def hidden_states(self, idx, cache=None, pos=None):
         """(out, E, enc): the states (B, T, C) before the head of tokens idx (B, T) at positions
-        pos (T,), 0..T-1 unless given (with a KVCache), and E and enc for the embedding loss."""
-        c = self.config
+        pos (T,), 0..T-1 unless given (with a KVCache), and E and enc for the embedding loss (enc:
+        None in the GPT)."""
+        c, enc = self.config, None
         if pos is None:
             if idx.size(1) > c.context_size:
                 raise ValueError(f"sequence length {idx.size(1)} is longer than context_size "
                                  f"{c.context_size}")
-            pos = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
+            pos = torch.arange(idx.size(1), device=idx.device)
         x = E = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
-            x = block(x, cache=cache, pos=pos)
-        enc = x if self.decoder_blocks is not None else None  # no final LayerNorm
-        if enc is not None:
+            x = block(x, None, cache, pos)
+        if self.decoder_blocks is not None:  # the AED: enc, the encoder output, has no LayerNorm
+            enc = x
             x = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))
             if c.add_pos_embed_to_decoder:  # in place, as the author: under autocast x stays bf16
                 x += self.wpe(pos + 1)
             for block in self.decoder_blocks:
-                x = block(x, enc=enc, cache=cache, pos=pos)
+                x = block(x, enc, cache, pos)
         out = self.ln_f(x)
         if c.sub_pos_embed_to_decoder != "NO":  # minus the position of the token predicted, t + 1
             out = out - self.wpe(pos + 1)
@@ -273,38 +266,37 @@ class Transformer(nn.Module):
         logits = self.head(out)
         if targets is None:
             return logits, None
-        ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
-        loss, emb = ce, None
-        if self.training and enc is not None and c.embedding_loss_type != "NONE":
+        loss = ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
+        self.last_ce, self.last_embedding_loss = ce.detach(), None
+        if self.training and c.embedding_loss_type != "NONE":
             emb = self.embedding_distance(*self.embedding_pair(E, enc))
+            self.last_embedding_loss = emb.detach()
             loss = ce + c.embedding_loss_coeff * emb
-        self.last_ce, self.last_embedding_loss = ce.detach(), None if emb is None else emb.detach()
         return logits if return_logits else None, loss
 
     # the AED's embedding loss (docs/model.md, Embedding loss)
     def embedding_pair(self, E, enc):
         """(avg, target), each (B, T, C): the embedding loss's two sides, from the embeddings E and
         the encoder output enc."""
-        E = E.detach() if self.config.detach_type == "EMBEDDING" else E
-        enc = enc.detach() if self.config.detach_type == "ENCODER_OUT" else enc
+        c = self.config
+        E = E.detach() if c.detach_type == "EMBEDDING" else E
+        enc = enc.detach() if c.detach_type == "ENCODER_OUT" else enc
         if self.ln_b is not None:
             enc = self.ln_b(enc)
-        if self.config.embedding_ln_type == "INIT":  # before averaging: positions weigh unevenly
+        if c.embedding_ln_type == "INIT":  # before averaging: positions weigh unevenly
             E = self.ln_a(E)
-        T = E.size(1)  # the cumulative mean of E: avg[t] = mean of E[0..t]
-        avg = cumsum_time(E) / torch.arange(1, T + 1, device=E.device, dtype=E.dtype).view(1, T, 1)
-        if self.config.embedding_ln_type == "AVG_CUM_SUM":
-            avg = self.ln_a(avg)
-        return avg, enc
+        # the cumulative mean of E: avg[t] = mean of E[0..t]
+        avg = cumsum_time(E) / torch.arange(1, E.size(1) + 1, device=E.device,
+                                            dtype=E.dtype).view(-1, 1)
+        return self.ln_a(avg) if c.embedding_ln_type == "AVG_CUM_SUM" else avg, enc
 
     def embedding_distance(self, avg, target):
         """MSE, or the mean over positions of 1 - (cos + 1) / 2 (COSINE) or -log((cos + 1) / 2)."""
-        if self.config.embedding_loss_type == "MSE":
+        kind = self.config.embedding_loss_type
+        if kind == "MSE":
             return F.mse_loss(avg, target)
-        cos = F.cosine_similarity(avg, target, dim=-1)  # (B, T)
-        if self.config.embedding_loss_type == "COSINE":
-            return (1 - (cos + 1) / 2).mean()
-        return -torch.log((cos + 1) / 2).mean()  # LOG_COSINE
+        half = (F.cosine_similarity(avg, target, dim=-1) + 1) / 2  # (B, T): (cos + 1) / 2
+        return (1 - half).mean() if kind == "COSINE" else -torch.log(half).mean()  # LOG_COSINE
 
     def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
         """AdamW on the parameters that require grad (a frozen one stays put), weight decay on
@@ -336,15 +328,14 @@ class Transformer(nn.Module):
         if cache is None:
             return self.last_logits(window, None, None)
         if idx.size(1) > self.config.context_size:
-            cache.pos, new = 0, window
-        else:  # a copy: a view into the growing idx would bring a new stride (a recompile)
-            new = idx[:, cache.pos:].clone(memory_format=torch.contiguous_format)
+            cache.pos = 0
+        # a copy: a view into the growing idx would bring a new stride (a recompile)
+        new = window[:, cache.pos:].clone(memory_format=torch.contiguous_format)
         pos = torch.arange(cache.pos, cache.pos + new.size(1), device=idx.device)
         # the first call fills (allocates) the cache; then single tokens may take the compiled step
-        compiled = new.size(1) == 1 and cache.pos > 0 and self.compiled_decode_step is not None
-        logits = (self.compiled_decode_step if compiled else self.last_logits)(new, cache, pos)
+        step = new.size(1) == 1 and cache.pos and self.compiled_decode_step or self.last_logits
         cache.pos += new.size(1)
-        return logits
+        return step(new, cache, pos)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, kv_cache=True,
@@ -355,7 +346,7 @@ class Transformer(nn.Module):
         for _ in range(max_new_tokens):
             logits = self.next_logits(idx, cache)  # (B, vocab_size)
             if top_k is not None:
-                v, _ = torch.topk(logits, min(top_k, logits.size(-1)))
+                v = torch.topk(logits, min(top_k, logits.size(-1))).values
                 logits[logits < v[:, [-1]]] = -float("inf")
             if temperature == 0:
                 idx_next = logits.argmax(dim=-1, keepdim=True)  # (B, 1)

@@ -21,16 +21,16 @@ TINY = ['--arch=aed', '--vocab_size=256', '--n_layer=2', '--n_embed=16', '--n_he
         '--gradient_accumulation_steps=2', '--lr=1e-2', '--warmup_iters=2', '--est_steps=1',
         '--est_interval=2', '--compile=False', '--dtype=float32', '--device=cpu']
 # (anchor in model.py, what the fork puts after it): each edit as a forker would make it
-FREEZE = ('        self.apply(self._init_weights)\n',
+FREEZE = ('        self.last_ce = self.last_embedding_loss = self.compiled_decode_step = None\n',
           '        self.wpe.weight.requires_grad_(False)  # fork: a fixed positional embedding\n')
-GATE = ('        self.ln_f = nn.LayerNorm(C, bias=c.use_bias)\n',
+GATE = ('        self.ln_f = layer_norm(c)\n',
         '        for i, b in enumerate(self.blocks):  # fork: a gate on every other block\n'
         '            if i % 2:\n'
         '                b.gate = nn.Parameter(torch.ones(C))\n')
 FIELD = ('    embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias'
          '\n',
          '    mlp_ratio: int = 4  # fork: the MLP\'s width over n_embed\n')
-FIELD_USE = ('4 * config.n_embed', 'config.mlp_ratio * config.n_embed')
+FIELD_USE = ('4 * C', 'c.mlp_ratio * C')
 Z_LOSS = ('            loss = ce + c.embedding_loss_coeff * emb\n',
           '        loss = loss + 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()  # fork\n')
 
