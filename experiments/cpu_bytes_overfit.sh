@@ -89,7 +89,7 @@ report() {  # the pilot's table and the study's, each with the floors of its sli
 }
 
 pilot() {  # pilot <run> <bytes>: the GPT at seed 0 on the first <bytes> bytes; says yes or no
-    RES=$PILOT run "$1" bytes_baseline --train_tokens="$2" --seed=0 >&2
+    RES=$PILOT run "$1" bytes_baseline --train_tokens="$2" --seed=0 >&2 || return 1
     report >&2
     overfits "$1"
 }
@@ -104,11 +104,11 @@ fi
 python prepare.py --tokenizer=bytes  # data/wikipedia_bytes (a second)
 mkdir -p "$PILOT" "$STUDY"
 
-verdict=$(pilot baseline_700k 700000)
+verdict=$(pilot baseline_700k 700000) || { echo "=== the pilot did not finish"; exit 1; }
 echo "=== the 700,000-byte pilot overfits: $verdict"
 if [ "${verdict%% *}" != yes ]; then
     TOKENS=500000
-    verdict=$(pilot baseline_500k $TOKENS)
+    verdict=$(pilot baseline_500k $TOKENS) || { echo "=== the pilot did not finish"; exit 1; }
     echo "=== the 500,000-byte pilot overfits: $verdict"
     if [ "${verdict%% *}" != yes ]; then
         echo "=== neither pilot overfits by the gate: no study runs"; exit 1

@@ -179,6 +179,8 @@ def main(argv=sys.argv[1:]):
     V, T = meta['vocab_size'], c['context_size']
     if c['max_order'] < 0:
         die(f"max_order must be >= 0 (0: the default for the vocabulary), got {c['max_order']}")
+    if c['sample'] < 0:
+        die(f"sample must be >= 0 (0: the floors, not a sample), got {c['sample']}")
     n_max = c['max_order'] or (8 if V <= 256 else 2)
     if c['train_tokens'] > len(train):
         die(f"train_tokens ({c['train_tokens']:,}) is more than {path}/train.bin holds")

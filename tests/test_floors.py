@@ -174,6 +174,9 @@ def test_command_writes_the_floors_of_a_prepared_dataset(tmp_path):
     r = run_floors(f"--data_dir={tmp_path / 'data'}", "--dataset=tiny", "--max_order=-1")
     assert r.returncode == 1 and r.stderr == "error: max_order must be >= 0 (0: the default " \
         "for the vocabulary), got -1\n"
+    r = run_floors(f"--data_dir={tmp_path / 'data'}", "--dataset=tiny", "--sample=-5")
+    assert r.returncode == 1 and r.stderr.startswith("error: sample must be >= 0") and \
+        len(r.stderr.splitlines()) == 1
 
 
 def test_help_lists_only_the_keys_it_reads_and_a_run_config_still_loads():
