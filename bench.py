@@ -30,7 +30,6 @@ other and every figure can be many times worse. Uncached generation is timed at 
 (see uncached_lengths), and the memory probes fork from a server that imported torch once.
 """
 
-import contextlib
 import glob
 import json
 import multiprocessing
@@ -43,9 +42,6 @@ import sys
 import tempfile
 import time
 
-if __name__ == "__main__":  # a missing config file is told before the seconds of `import torch`
-    from configurator import check_config_files
-    check_config_files()
 import torch
 
 from checkpoint import atomic_write, model_config_of
@@ -264,7 +260,7 @@ def config_step_fn(c):
     tensors, the loss sums read back), on
     random token ids already on the device: data loading is left out (the data section: ~0.02% of a
     step). The threads are torch's, as in train.py (OMP_NUM_THREADS)."""
-    dev, dev_type, dtype = resolve_device(c["device"], c["dtype"])
+    dev, dev_type, dtype, amp = resolve_device(c["device"], c["dtype"])
     rows = c["gradient_accumulation_steps"] * c["batch_size"]  # one process: no DDP split
     n_micro = next(n for n in range(1, rows + 1)
                    if rows % n == 0 and rows // n <= (c["micro_batch"] or c["batch_size"]))
@@ -285,8 +281,6 @@ def config_step_fn(c):
     g = torch.Generator().manual_seed(c["seed"])
     batches = [tuple(torch.randint(0, c["vocab_size"], (rows // n_micro, c["context_size"]),
                                    generator=g).to(dev) for _ in range(2)) for _ in range(n_micro)]
-    amp = (contextlib.nullcontext() if dtype == "float32"
-           else torch.autocast(dev_type, getattr(torch, dtype)))
     mark_step = torch.compiler.cudagraph_mark_step_begin if graphs else lambda: None
     emb = raw.config.arch == "aed" and raw.config.embedding_loss_type != "NONE"
 
@@ -931,7 +925,7 @@ if __name__ == "__main__":
             raise ConfigError(f"unknown section(s) {', '.join(sorted(unknown))}: "
                               f"choose from train,generate,data,prepare,memory,step,params")
         # bench times bf16 on CUDA, float32 on CPU
-        device, device_type, _ = resolve_device(device, "auto")
+        device, device_type, _, _ = resolve_device(device, "auto")
         if device_type not in ("cpu", "cuda"):
             raise ConfigError(f"bench.py runs on cpu or cuda, not {device!r}")
         if dry:

@@ -138,14 +138,10 @@ def load(path, keys=('model', 'config')):
         if n > (held := len({k.split('.')[1] for k in sd if k.startswith(stack + '.')})):
             raise CheckpointError(f"{path}: its config asks for {n} {stack}, the file holds {held}")
     shapes = expected_shapes(c)
-    if extra := sorted(set(sd) - set(shapes)):
-        raise CheckpointError(f"{path}: {extra[0]} is in the file but not in the model its "
-                              f"config builds")
-    for k, shape in shapes.items():
-        if (got := tuple(sd[k].shape) if k in sd else 'missing') != shape:
-            raise CheckpointError(f"{path}: {k} is {got} in the file, but its config (n_embed="
-                                  f"{c.n_embed}, vocab_size={c.vocab_size}, context_size="
-                                  f"{c.context_size}) needs {shape}")
+    for k in {**shapes, **sd}:  # the model's order, then what only the file holds
+        if (got := tuple(sd[k].shape) if k in sd else 'missing') != shapes.get(k, 'none'):
+            raise CheckpointError(f"{path}: {k} is {got} in the file, its config needs "
+                                  f"{shapes.get(k, 'none')}")
     if bad := nonfinite(sd.items()):
         raise CheckpointError(f"{path}: {len(bad)} of {len(sd)} weight tensors hold NaN or inf "
                               f"(e.g. {bad[0]}): the run had diverged when this was saved")
@@ -161,10 +157,7 @@ def resume_config(out_dir, defaults, argv):
     sets on top (e.g. --train_steps=20000), except the model's shape."""
     path = os.path.join(out_dir, 'ckpt_last.pt')
     if not os.path.isfile(path):
-        raise ConfigError(f"--init_from=resume: no checkpoint at {path} (" + (
-            "the run there stopped before its first save: start it over with --overwrite=True "
-            "instead)"
-            if os.path.isfile(os.path.join(out_dir, 'log.jsonl')) else "is out_dir right?)"))
+        raise ConfigError(f"--init_from=resume: no checkpoint at {path} (is out_dir right?)")
     ckpt, _ = load(path, ('model', 'optimizer', 'scaler', 'config', 'step', 'best_val_loss',
                           'best_step', 'last_est', 'elapsed', 'rng'))
     saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")

@@ -4,6 +4,7 @@ wins, types are checked against the defaults, a mistake is one line. And the one
 signal while a script starts (docs/robustness.md).
 """
 import ast
+import contextlib
 import difflib
 import glob
 import os
@@ -14,10 +15,6 @@ import types
 
 NONE_OK = (type(None), bool, int, float, str)
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "config")
-# nanoGPT's names for our keys: --max_iters is told our name, not the nearest spelling
-NANOGPT_NAMES = {"max_iters": "train_steps", "block_size": "context_size", "learning_rate": "lr",
-                 "eval_interval": "est_interval", "eval_iters": "est_steps", "n_embd": "n_embed",
-                 "dropout": "dropout_rate", "bias": "use_bias"}
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -56,13 +53,15 @@ def catch_signals():
 
 def interrupt_on_signals():
     """For scripts of short ops: the first Ctrl-C or SIGTERM raises KeyboardInterrupt(signum), even
-    where SIGINT started out ignored (`cmd &` in a script)."""
+    where SIGINT started out ignored (`cmd &` in a script); a closed output pipe (`| head`) ends the
+    script quietly, as it ends cat."""
     def interrupt(signum, frame):
         for sig in SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt(signum)
     for sig in SIGNALS:
         signal.signal(sig, interrupt)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
 
 def first_line(e):
@@ -70,12 +69,9 @@ def first_line(e):
     return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
 
 
-def unknown_key_error(key, keys, where):
-    if NANOGPT_NAMES.get(key) in keys:
-        hint = f": nanoGPT's {key} is {NANOGPT_NAMES[key]} here"
-    else:  # always one, however far
-        hint = f" (did you mean '{difflib.get_close_matches(key, list(keys), 1, 0.0)[0]}'?)"
-    return ConfigError(f"unknown config key '{key}' {where}{hint}")
+def unknown_key_error(key, keys, where):  # always a nearest key, however far
+    near = difflib.get_close_matches(key, list(keys), 1, 0.0)[0]
+    return ConfigError(f"unknown config key '{key}' {where} (did you mean '{near}'?)")
 
 
 def check_type(key, value, default, where):
@@ -101,13 +97,6 @@ def parse_value(raw, default):
     return raw if isinstance(default, str) and not isinstance(value, str) else value
 
 
-def check_config_files():
-    """A config file on the command line that is not a file: one line, before `import torch`."""
-    for arg in sys.argv[1:]:
-        if not arg.startswith("-") and not os.path.isfile(arg):
-            die(not_a_config_file(arg))
-
-
 def not_a_config_file(path):
     """The ConfigError for a path that is not a file: a folder's configs, or the nearest file."""
     if os.path.isdir(path):
@@ -124,7 +113,7 @@ def not_a_config_file(path):
     return ConfigError(f"config file not found: {path}{hint}")
 
 
-def read_config_file(path, defaults, depth=0):
+def read_config_file(path, defaults):
     """Run a config file in a fresh namespace: the {key: value} it set, type-checked."""
     if not os.path.isfile(path):
         raise not_a_config_file(path)
@@ -133,10 +122,7 @@ def read_config_file(path, defaults, depth=0):
         other = os.path.join(os.path.dirname(path), name)
         if not os.path.isfile(other):
             raise ConfigError(f"{path}: include({name!r}): {not_a_config_file(other)}")
-        if depth >= 8:
-            raise ConfigError(f"{path}: include({name!r}): includes nested more than 8 deep "
-                              f"(does a file include itself?)")
-        namespace.update(read_config_file(other, defaults, depth + 1))
+        namespace.update(read_config_file(other, defaults))
 
     namespace = {"include": include}
     try:
@@ -204,12 +190,10 @@ def key_comments(path):
 
 
 def help_text(defaults, sources):
-    """The first source's docstring, then every key, its default and its comment (the first
-    source's, else a later one's)."""
-    with open(sources[0], encoding="utf-8") as f:
-        doc = ast.get_docstring(ast.parse(f.read()), clean=False) or ""
+    """The script's docstring, then every key, its default and its comment (the first source's,
+    else a later one's)."""
     comments = {k: v for path in reversed(sources) for k, v in key_comments(path).items()}
-    lines = [doc.strip("\n"), "",
+    lines = [(sys.modules["__main__"].__doc__ or "").strip("\n"), "",
              "Keys and their defaults (--key=value; a boolean key alone means True, --no-key "
              "False):"]
     for key, value in defaults.items():
@@ -239,7 +223,8 @@ def train_defaults():
 
 
 def resolve_device(device, dtype):
-    """(device, device_type, dtype) on this machine, 'auto' resolved as train.py's keys say."""
+    """(device, device_type, dtype, autocast context) on this machine, 'auto' resolved as train.py's
+    keys say; on CUDA, float32 matmuls in TF32."""
     if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", device):
         raise ConfigError(f"device must be auto, cpu, cuda, cuda:N or mps, got {device!r}")
     if dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -250,6 +235,10 @@ def resolve_device(device, dtype):
     device_type = device.split(":")[0]
     if device_type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device cuda asked for, but torch sees no CUDA GPU (use --device=cpu)")
-    if dtype == "auto" and device_type == "cuda":
-        dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
-    return device, device_type, "float32" if dtype == "auto" else dtype
+    if device_type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 matmuls
+        dtype = dtype.replace("auto", "bfloat16" if torch.cuda.is_bf16_supported() else "float16")
+    dtype = dtype.replace("auto", "float32")
+    autocast = (contextlib.nullcontext() if dtype == "float32"  # (a disabled autocast still casts)
+                else torch.autocast(device_type, getattr(torch, dtype)))
+    return device, device_type, dtype, autocast

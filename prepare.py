@@ -147,8 +147,6 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
         raise PrepareError(f"--tokenizer must be 'gpt2' or 'bytes', got {tokenizer!r}")
     if not 0 < val_fraction < 1:
         raise PrepareError(f"--val_fraction must be between 0 and 1, got {val_fraction}")
-    if input and not os.path.exists(input):
-        raise PrepareError(f"input not found: {input}")
     if not name:  # wikipedia or the input's, without .txt, .gz, ...; + _bytes for byte ids
         name = re.sub(r"(\.(txt|gz|bz2|xz))+$", "", os.path.basename(input or "wikipedia"))
         name += "_bytes" * b
@@ -239,10 +237,9 @@ def main(argv=sys.argv[1:]):
         die(f"cannot write {e.filename or 'the bins'}: {e.strerror or e}")
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: prepare() removed its files
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # exit 128 + signal, even into a closed pipe
-        stop(e.args[0] if e.args else signal.SIGINT, "interrupted: no bins written")
+        stop(e.args[0], "interrupted: no bins written")
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` closing stdout ends it quietly, as cat
     interrupt_on_signals()
     main()

@@ -2,7 +2,6 @@
 A run's out_dir, kept safe for train.py (docs/robustness.md): the lock, log.jsonl, summary.json,
 the saves and the stop. Each file but the append-only log is written whole or not at all.
 """
-import atexit
 import contextlib
 import fcntl
 import json
@@ -45,15 +44,6 @@ def provenance():
             'cpu_isa': torch.backends.cpu.get_cpu_capability(), 'cpu_count': os.cpu_count()}
 
 
-def _unclaim(out_dir, created):
-    """At exit: an out_dir that holds only our .lock (a run refused at start) is removed again."""
-    with contextlib.suppress(OSError):
-        if os.listdir(out_dir) == ['.lock']:
-            os.remove(os.path.join(out_dir, '.lock'))
-            if created:
-                os.rmdir(out_dir)
-
-
 def _stop_on_signal(run, r):  # the signal thread; it holds the run weakly (a test's process
     while (signum := os.read(r, 1)[0]) not in STOP_SIGNALS:  # runs several, one after another)
         pass
@@ -83,7 +73,6 @@ class RunDir:
         return os.path.join(self.dir, name)
 
     def _claim(self, scratch, overwrite):
-        created = not os.path.isdir(self.dir)
         try:
             os.makedirs(self.dir, exist_ok=True)
             self.lock = open(self.path('.lock'), 'a+')
@@ -94,22 +83,13 @@ class RunDir:
         except BlockingIOError:
             self.lock.seek(0)
             pid = self.lock.read().strip() or '?'
-            die(f"{self.dir} is in use by another train.py (pid {pid}): one run per out_dir at "
-                f"a time")
-        atexit.register(_unclaim, self.dir, created)  # refused before its log: no out_dir left
+            die(f"{self.dir} is in use by another train.py (pid {pid})")
         self.lock.truncate(0)
         print(os.getpid(), file=self.lock, flush=True)
         log = self.path('log.jsonl')
         if scratch and not overwrite and os.path.exists(self.path('ckpt_last.pt')):
             die(f"{self.dir} already holds a run (ckpt_last.pt): train into a new --out_dir=..., "
                 f"continue it with --init_from=resume, or replace it with --overwrite=True")
-        if scratch and not overwrite and os.path.exists(log):
-            with open(log, 'rb') as f:  # steps but no checkpoint: someone deleted it, so ask
-                if b'"type": "step"' in f.read():
-                    die(f"{self.dir} already holds a run (log.jsonl) with no checkpoint to resume: "
-                        f"train into a new --out_dir=..., or replace it with --overwrite=True")
-            print(f"{self.dir} holds a run stopped before its first checkpoint: starting it over",
-                  flush=True)
         if scratch:  # the old run's files too, so a kill before the first save mixes nothing
             for f in ('ckpt_last.pt', 'ckpt_best.pt', 'summary.json', 'log.jsonl'):
                 with contextlib.suppress(FileNotFoundError):
@@ -169,8 +149,10 @@ class RunDir:
                 'time': round(self.elapsed(), 2)}
 
     def save(self, step, ckpt, best=False):
-        """ckpt_last.pt, and ckpt_best.pt a hard link to it if best. Non-finite weights or Adam
-        moments (an overflowing update) stop the run instead."""
+        """ckpt, with the run's step, best and clock, to ckpt_last.pt, and ckpt_best.pt a hard link
+        to it if best. Non-finite weights or Adam moments (an overflowing update) stop the run."""
+        ckpt = dict(ckpt, step=step, best_val_loss=self.best_val_loss, best_step=self.best_step,
+                    last_est=self.last_est, elapsed=self.elapsed(), tokens=self.tokens(step))
         named = [*ckpt['model'].items(), *((f"optimizer state {k} of parameter {i}", v)
                  for i, s in ckpt['optimizer']['state'].items() for k, v in s.items())]
         if bad := nonfinite(named):

@@ -12,8 +12,6 @@ from contextlib import suppress
 from configurator import (ConfigError, collect_defaults, die, interrupt_on_signals, load_config,
                           resolve_device, stop)
 
-signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` closing stdout ends it quietly, as cat
-
 # -----------------------------------------------------------------------------
 out_dir = 'out'           # where train.py wrote its checkpoints
 checkpoint = 'best'       # 'best' (lowest val loss) or 'last' -> out_dir/ckpt_{checkpoint}.pt
@@ -26,7 +24,7 @@ seed = 1337
 device = 'auto'           # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'            # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere)
 kv_cache = True           # cache attention keys/values; False recomputes everything per token
-compile = False           # torch.compile the one-token cached step: pays off over many tokens
+compile = False           # compile the one-token step (kv_cache only): pays off over many tokens
 # -----------------------------------------------------------------------------
 DEFAULTS = collect_defaults(globals())
 
@@ -41,8 +39,6 @@ if checkpoint not in ('best', 'last'):
     die(f"checkpoint must be 'best' or 'last', got {checkpoint!r}")
 if num_samples < 1 or max_new_tokens < 0 or top_k < 0 or temperature < 0:
     die("need num_samples >= 1, max_new_tokens >= 0, top_k >= 0 and temperature >= 0 (0: greedy)")
-if compile and not kv_cache:
-    die("--compile=True needs --kv_cache=True (it compiles the cached one-token step)")
 
 # the model, from the checkpoint alone: its config says which architecture and shape
 ckpt_path = os.path.join(out_dir, f'ckpt_{checkpoint}.pt')
@@ -58,7 +54,7 @@ if start.startswith('FILE:'):  # the prompt
     except UnicodeDecodeError as e:
         die(f"prompt file {start[5:]} is not UTF-8 text (byte {e.start})")
 try:
-    device, device_type, dtype = resolve_device(device, dtype)
+    device, device_type, dtype, autocast = resolve_device(device, dtype)
 except ConfigError as e:
     die(e)
 import torch  # after the checks above: a mistake is told without the seconds of this import
@@ -67,11 +63,7 @@ from checkpoint import CheckpointError, load as load_checkpoint
 from model import build_model
 from tokenizer import EOT, get_tokenizer  # here: EOT is no config key
 
-# float32: autocast off (it would warn that float32 is not a dtype it casts to)
-autocast = torch.autocast(device_type, getattr(torch, dtype), enabled=dtype != 'float32')
 torch.manual_seed(seed)
-if device_type == 'cuda':
-    torch.set_float32_matmul_precision('high')
 try:
     ckpt, model_config = load_checkpoint(ckpt_path)  # checksum, config vs weights, finite weights
 except CheckpointError as e:
@@ -96,9 +88,9 @@ def print_tokens(ids):  # ids: (1, n)
 
 
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
-      f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' if compile else ''}",
+      f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' * compile * kv_cache}",
       file=sys.stderr, flush=True)
-interrupt_on_signals()  # Ctrl-C and SIGTERM, between two tokens
+interrupt_on_signals()  # Ctrl-C and SIGTERM, between two tokens; `| head`
 try:
     with torch.no_grad(), autocast:
         for _ in range(num_samples):
@@ -111,4 +103,4 @@ except KeyboardInterrupt as e:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # exit 128 + signal, even into a closed pipe
     with suppress(OSError):  # (a pipe whose reader has gone: the exit comes all the same)
         print(flush=True)  # ends the sample's line
-    stop(e.args[0] if e.args else signal.SIGINT, "error: interrupted")
+    stop(e.args[0], "error: interrupted")

@@ -8,9 +8,8 @@ $ torchrun --standalone --nproc_per_node=8 train.py config/aed_mse_possub.py
 Any key below can be set by a config file (plain Python) and/or --key=value. What a run prints and
 writes: docs/training.md; what survives a kill, a full disk or bad input: docs/robustness.md.
 """
-from configurator import catch_signals, check_config_files
+from configurator import catch_signals
 catch_signals()  # first: from here on Ctrl-C or SIGTERM ends the run with one line
-check_config_files()  # a missing config file is told before the seconds of `import torch`
 
 import dataclasses
 import functools
@@ -81,7 +80,7 @@ try:  # --help lists every key with its comment here or in model.py's ModelConfi
     if config['init_from'] == 'resume':  # the run's own config, and what this command changes in it
         config, ckpt, changes = resume_config(config['out_dir'], DEFAULTS, sys.argv[1:])
     globals().update(config)  # config keeps device 'auto': a resume on other hardware works
-    device, device_type, dtype = resolve_device(device, dtype)
+    device, device_type, dtype, autocast = resolve_device(device, dtype)
     model_config = model_config_of(config)
 except (ConfigError, CheckpointError) as e:
     die(e)
@@ -118,8 +117,6 @@ graphs = compile and compile_mode in ('reduce-overhead', 'max-autotune')  # CUDA
 if graphs and (device_type != 'cuda' or ddp):
     die(f"compile_mode {compile_mode} uses CUDA graphs: on one CUDA device without DDP only")
 mark_step = torch.compiler.cudagraph_mark_step_begin if graphs else lambda: None  # CUDA graphs only
-run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
-run.catch_signals()  # a signal or a lost DDP rank now waits for a save under way, is recorded
 if ddp:
     if device_type == 'cuda':
         device = f'cuda:{local_rank}'
@@ -130,10 +127,6 @@ if ddp:
     except dist.DistError as e:
         die(f"DDP start-up failed on rank {rank}: {first_line(e)}")
 tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all ranks together
-if device_type == 'cuda':
-    torch.set_float32_matmul_precision('high')  # TF32 matmuls
-autocast = (nullcontext() if dtype == 'float32'  # (a disabled autocast still sets its dtype)
-            else torch.autocast(device_type, getattr(torch, dtype)))
 
 # data: each split's memmap is opened once; batches are random offsets, with replacement
 data_path = os.path.join(data_dir, dataset)
@@ -188,6 +181,9 @@ est_batches = {'train': (train_data, est_starts(0, train_data)),
 # all of val.bin in consecutive windows: the same tokens for every seed and run
 whole_val = (val_data, np.arange((len(val_data) - 1) // context_size) * context_size)
 
+run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
+run.catch_signals()  # a signal or a lost DDP rank now waits for a save under way, is recorded
+
 # model init: the same weights on every rank (DDP also broadcasts rank 0's)
 torch.manual_seed(seed)
 model = raw_model = build_model(model_config).to(device)  # raw: uncompiled, unwrapped
@@ -226,9 +222,8 @@ if master:  # the header first: a slow start (compiling, a config too big) is ne
           f"compile {compile_mode if compile else 'off'}"
           f"{f' | {gpu}, MFU of 989 TFLOP/s' if gpu else ''}")
     if device_type == 'cpu' and start_step < train_steps and flops_per_step > 1e12:
-        print(f"warning: {flops_per_step / 1e12:.1f} TFLOP a step is too big for a CPU, where a "
-              f"CPU preset's 0.034 take ~0.5 s (config/cpu_aed_mse_possub.py, "
-              f"config/cpu_baseline.py)", file=sys.stderr)
+        print(f"warning: {flops_per_step / 1e12:.1f} TFLOP a step is too big for a CPU (a CPU "
+              f"preset's 0.034 take ~0.5 s: config/cpu_*.py)", file=sys.stderr)
     if init_from == 'resume':
         print(f"resuming from {run.path('ckpt_last.pt')} at step {start_step}"
               + "".join(f"; {k}: {old!r} -> {new!r}" for k, old, new in changes))
@@ -286,8 +281,8 @@ while True:
             t0 = time.time()
             est = {split: mean_ce(eval_model, *batches) for split, batches in est_batches.items()}
             est_s = time.time() - t0
-            if bad := [k for k, v in est.items() if not math.isfinite(v)]:
-                run.stop(step, f"the {bad[0]} estimate is not finite ({len(bad)} of 2)")
+            if not all(map(math.isfinite, est.values())):
+                run.stop(step, f"an estimate is not finite ({est})")
             improved = est['val'] < run.best_val_loss
             if improved:
                 run.best_val_loss, run.best_step = est['val'], step
@@ -300,11 +295,9 @@ while True:
             rng = {'torch': torch.get_rng_state(),
                    'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
             checkpoint = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
-                          'scaler': scaler.state_dict(), 'config': config, 'step': step,
-                          'best_val_loss': run.best_val_loss, 'best_step': run.best_step,
-                          'last_est': run.last_est, 'elapsed': run.elapsed(),
-                          'tokens': run.tokens(step), 'rng': rng, 'tokenizer': tokenizer}
-            run.save(step, checkpoint, best=improved)  # atomic; refuses NaN weights
+                          'scaler': scaler.state_dict(), 'config': config, 'rng': rng,
+                          'tokenizer': tokenizer}
+            run.save(step, checkpoint, best=improved)  # + step, best, clock; atomic; refuses NaN
     if step >= train_steps:
         break
 

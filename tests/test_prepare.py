@@ -352,7 +352,8 @@ def error_of(argv, capsys, alone=False):
 
 def test_error_messages(tmp_path, capsys):
     out = f"--data_dir={tmp_path / 'out'}"
-    assert "input not found" in error_of([f"--input={tmp_path / 'nope.txt'}", out], capsys)
+    assert "nope.txt: No such file or directory" in error_of([f"--input={tmp_path / 'nope.txt'}",
+                                                             out], capsys)
     write(tmp_path / "empty.txt", "")
     assert "is empty" in error_of([f"--input={tmp_path / 'empty.txt'}", out], capsys, True)
     write(tmp_path / "blank.txt", " \n\n \t")
@@ -383,7 +384,8 @@ def test_error_messages(tmp_path, capsys):
 def test_error_from_command_line_has_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, prepare.__file__, f"--input={tmp_path / 'missing.txt'}"],
                        capture_output=True, text=True, cwd=tmp_path)
-    assert r.returncode == 1 and r.stderr == f"error: input not found: {tmp_path / 'missing.txt'}\n"
+    assert r.returncode == 1 and r.stderr == \
+        f"error: cannot read {tmp_path / 'missing.txt'}: No such file or directory\n"
 
 
 def test_command_line_options_and_how_to_train(tmp_path, monkeypatch, capsys):

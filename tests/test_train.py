@@ -83,16 +83,6 @@ def test_config_errors(argv, words):
         assert w in msg
 
 
-def test_nanogpt_names_are_told_ours():
-    for theirs, ours in [('max_iters', 'train_steps'), ('block_size', 'context_size'),
-                         ('learning_rate', 'lr'), ('eval_interval', 'est_interval'),
-                         ('eval_iters', 'est_steps')]:
-        with pytest.raises(ConfigError,
-                           match=rf"^unknown config key '{theirs}' on the command line: "
-                                 rf"nanoGPT's {theirs} is {ours} here$"):
-            load_config(train_defaults(), [f'--{theirs}=5'])
-
-
 def test_config_file_errors(tmp_path):
     bad = tmp_path / 'bad.py'
     bad.write_text("batch_sise = 8\n")
@@ -137,8 +127,7 @@ def test_config_file_include(tmp_path):
     with pytest.raises(ConfigError, match=r"\(did you mean config/bytes_common.py\?\)"):
         load_config(DEFAULTS, [str(child)])
     child.write_text("include('child.py')\n")
-    with pytest.raises(ConfigError,
-                       match=r"child.py: include\('child.py'\): includes nested more than 8 deep"):
+    with pytest.raises(ConfigError, match=r"child.py: RecursionError: maximum recursion depth"):
         load_config(DEFAULTS, [str(child)])
     (tmp_path / 'base.py').write_text("lr = 'high'\n")
     child.write_text("include('../base.py')\n")
@@ -233,7 +222,7 @@ def test_readme_fits_and_cites_what_it_reproduces():
     assert 'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' in readme
 
 
-CORE_BUDGET = dict(code=75_000, train_lines=400)  # the core may not grow past these
+CORE_BUDGET = dict(code=72_000, train_lines=400)  # the core may not grow past these
 
 
 def code_bytes(src):
@@ -509,6 +498,8 @@ def test_script_errors_are_one_line(tmp_path):
     p = run_here('train.py', '--config=config/cpu_baseline.py')
     assert_one_line_error(p, 'config files are positional: give config/cpu_baseline.py alone, '
                              'without --config=')
+    assert_one_line_error(run_here('train.py', 'config'), 'config is a folder, not a config file; '
+                          'its configs: aed_cosine.py, aed_gpt2.py, ')
     p = run('train.py', *TINY, f'--out_dir={tmp_path}/none', '--init_from=resume')
     assert_one_line_error(p, 'no checkpoint at')
     p = run('sample.py', f'--out_dir={tmp_path}/none', '--num_samples=2')
@@ -517,14 +508,11 @@ def test_script_errors_are_one_line(tmp_path):
     (tmp_path / 'junk' / 'ckpt_best.pt').write_bytes(b'not a checkpoint')
     p = run('sample.py', f'--out_dir={tmp_path}/junk')
     assert_one_line_error(p, 'cannot read', 'not a checkpoint written by train.py')
-    p = run('sample.py', f'--out_dir={tmp_path}/junk', '--compile=True', '--kv_cache=False')
-    assert_one_line_error(p, '--compile=True', 'needs --kv_cache=True')
 
 
 def test_refusals_come_before_import_torch(tmp_path):
-    """A mistyped key, value or path of sample.py, and a config file of train.py that is missing or
-    a folder, are told at once, not after the seconds of `import torch`: with a torch that cannot
-    be imported, the refusals are the same."""
+    """A mistyped key, value or path of sample.py is told at once, not after the seconds of
+    `import torch`: with a torch that cannot be imported, the refusals are the same."""
     (tmp_path / 'torch').mkdir()
     (tmp_path / 'torch' / '__init__.py').write_text('raise ImportError("torch was imported")\n')
     env = dict(ENV, PYTHONPATH=str(tmp_path))  # before site-packages: this torch is found first
@@ -534,10 +522,7 @@ def test_refusals_come_before_import_torch(tmp_path):
             ('sample.py', ['--tempreature=1'], "did you mean 'temperature'"),
             ('sample.py', ['--checkpoint=mid'], "checkpoint must be 'best' or 'last'"),
             ('sample.py', [f'--out_dir={tmp_path}/none'], 'no checkpoint at'),
-            ('sample.py', [f'--out_dir={tmp_path}/run', '--device=tpu'], 'device must be auto'),
-            ('train.py', ['config/cpu_aed_mse_posub.py'], 'did you mean config/cpu_aed_mse_possub'),
-            ('train.py', ['config'], 'config is a folder, not a config file; its configs: '
-                                     'aed_cosine.py, aed_gpt2.py, ')]:
+            ('sample.py', [f'--out_dir={tmp_path}/run', '--device=tpu'], 'device must be auto')]:
         p = subprocess.run([PY, script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
                            timeout=60)
         assert_one_line_error(p, words)
@@ -683,8 +668,8 @@ def test_a_gpu_config_on_a_cpu_is_told_before_compiling(tmp_path):
         proc.kill()
         proc.communicate()
     assert lines[0].startswith('aed model, 15,763,500 params | 160,000 tokens/step'), lines
-    warning = "warning: 17.4 TFLOP a step is too big for a CPU, where a CPU preset's 0.034 take " \
-              "~0.5 s (config/cpu_aed_mse_possub.py, config/cpu_baseline.py)\n"
+    warning = ("warning: 17.4 TFLOP a step is too big for a CPU (a CPU preset's 0.034 take ~0.5 "
+               "s: config/cpu_*.py)\n")
     assert warning in lines[1:-1], lines
 
 
@@ -980,6 +965,8 @@ def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_ckpt, monkey
         save_with_checksum(dict(ckpt, config=dict(ckpt['config'], **change)), path)
         assert_one_line_error(sample(), path, words)
     monkeypatch.setattr(model, 'build_model', build)
+    save_with_checksum(dict(ckpt, model=dict(ckpt['model'], extra=torch.zeros(1))), path)
+    assert_one_line_error(sample(), path, 'extra is (1,) in the file, its config needs none')
 
     # a resume from a checkpoint that lacks keys, a prompt file that is not text
     save_with_checksum({k: v for k, v in ckpt.items() if k not in ('optimizer', 'rng')},
@@ -1077,23 +1064,14 @@ def test_scratch_run_never_replaces_a_run(tmp_path):
     err = p.stderr
     assert err.index('--out_dir=') < err.index('--init_from') < err.index('--overwrite')
     assert open(os.path.join(out, 'log.jsonl'), 'rb').read() == log
-    # a log of steps without their checkpoint: it still counts
+    # no checkpoint (killed before its first save, or deleted): nothing to resume, so a scratch
+    # run starts it over
     os.remove(os.path.join(out, 'ckpt_last.pt'))
-    p = tiny_run(tmp_path, '--train_steps=5')
-    assert_one_line_error(p, 'already holds a run (log.jsonl)', '--out_dir=...', '--overwrite=True')
-    assert p.stderr.index('--out_dir=') < p.stderr.index('--overwrite')
     assert_one_line_error(tiny_run(tmp_path, '--init_from=resume'), 'no checkpoint at',
-                          '--overwrite=True')
-    # killed before its first checkpoint: the log has no step, nothing is lost by starting over, and
-    # the advice of a resume leads there
-    with open(os.path.join(out, 'log.jsonl'), 'w') as f:
-        f.write(json.dumps(read_log_text(log)[0]) + '\n')
-    assert_one_line_error(tiny_run(tmp_path, '--init_from=resume'), 'no checkpoint at',
-                          'stopped before its first save: start it over with --overwrite=True')
+                          'is out_dir right?')
     p = tiny_run(tmp_path, '--train_steps=1')
-    assert (p.returncode == 0
-            and 'stopped before its first checkpoint: starting it over' in p.stdout), p.stderr
-    assert load_ckpt(out)['step'] == 1
+    assert p.returncode == 0, p.stderr
+    assert read_log(out)[0]['type'] == 'start' and load_ckpt(out)['step'] == 1
     p = tiny_run(tmp_path, '--train_steps=2', '--overwrite=True')  # starting over on purpose
     assert p.returncode == 0, p.stderr
     assert read_log(out)[0]['type'] == 'start' and load_ckpt(out)['step'] == 2
