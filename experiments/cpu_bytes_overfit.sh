@@ -37,7 +37,11 @@ sfx() { [ "$1" = 1337 ] && echo "" || echo "_seed$1"; }
 PILOT_RUNS=(baseline_700k baseline_500k)
 RUNS=()
 for s in "${SEEDS[@]}"; do RUNS+=("baseline$(sfx "$s")" "aed_mse_possub$(sfx "$s")"); done
-floors() { echo "experiments/bytes_$(( $1 / 1000 ))k_floors.json"; }  # a slice's, to order 8
+floors() {  # a slice's floors, to order 8 (the 500,000-byte slice's were made for the 1M study)
+    local f=experiments/bytes_$(( $1 / 1000 ))k_floors.json
+    [ -f "$f" ] || f=experiments/bytes_pilot_$(( $1 / 1000 ))k_floors.json
+    echo "$f"
+}
 
 overfits() {  # overfits <pilot run>: prints yes or no, and why, from its committed copy
     python - "$PILOT/$1" $STEPS <<'EOF'
@@ -53,20 +57,22 @@ print("yes" if ok else "no", f"(best estimate at step {best:,} of {s['train_step
 EOF
 }
 
-report() {  # the pilot's table and the study's, each with the floors of its slice
-    local done=() r fl=()
-    for r in "${PILOT_RUNS[@]}"; do RES=$PILOT have "$r" && done+=("$PILOT/$r"); done
-    if [ ${#done[@]} -gt 0 ]; then
-        [ -f "$(floors 700000)" ] && fl=(--floors="$(floors 700000)")
-        {
-            echo "The overfitting pilot (experiments/cpu_bytes_overfit.sh): the GPT at seed 0;" \
-                 "${#done[@]} of ${#PILOT_RUNS[@]} possible runs."
-            echo
-            python experiments/report.py "${done[@]}" ${fl[@]+"${fl[@]}"} --x=epochs \
-                --train=True --svg="$PILOT.svg" --title="val (thick) and train, the pilot"
-        } > "$PILOT.md.tmp"
-        mv "$PILOT.md.tmp" "$PILOT.md"
-    fi
+report() {  # the pilots' tables and the study's, each with the floors of its slice
+    local done=() r fl=() n
+    {
+        echo "The overfitting pilots (experiments/cpu_bytes_overfit.sh): the GPT at seed 0, one"
+        echo "table and chart (bytes_overfit_pilot_<slice>.svg) each, the floors of its slice."
+        for r in "${PILOT_RUNS[@]}"; do
+            RES=$PILOT have "$r" || continue
+            n=${r#baseline_}
+            fl=()
+            [ -f "$(floors "${n%k}000")" ] && fl=(--floors="$(floors "${n%k}000")")
+            printf '\n## The first %s bytes\n\n' "${n%k},000"
+            python experiments/report.py "$PILOT/$r" ${fl[@]+"${fl[@]}"} --x=epochs --train=True \
+                --svg="${PILOT}_$n.svg" --title="val (thick) and train, the ${n%k},000-byte pilot"
+        done
+    } > "$PILOT.md.tmp"
+    mv "$PILOT.md.tmp" "$PILOT.md"
     done=() fl=()
     for r in ${RUNS[@]+"${RUNS[@]}"}; do RES=$STUDY have "$r" && done+=("$STUDY/$r"); done
     [ ${#done[@]} -gt 0 ] || return 0
