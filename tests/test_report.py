@@ -940,3 +940,64 @@ echo '{{"status": "finished", "whole_val_best": '$best'}}' > "$dir/summary.json"
     p = subprocess.run(['bash', 'experiments/cpu_bytes.sh'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.count('skipped') == 24, p.stdout + p.stderr
+
+
+def test_overfit_study_script_gates_on_its_pilots(tmp_path):
+    """experiments/cpu_bytes_overfit.sh with `python` shimmed (train.py faked: each slice's pilot
+    has its best estimate and whole-val scores as given): the 700,000-byte pilot that turns up too
+    late or too little sends the script to the 500,000-byte one; the pair runs, at every seed, on
+    the slice whose pilot passed, and only then. Neither passing: no pair, exit 1."""
+    shim = tmp_path / 'bin'
+    shim.mkdir()
+    (shim / 'python').write_text(f'''#!/usr/bin/env bash
+case "$1" in
+    prepare.py|experiments/report.py) exit 0 ;;
+    train.py) ;;
+    *) exec {PY} "$@" ;;
+esac
+echo "$*" >> "$CALLS"
+dir=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
+mkdir -p "$dir"
+# the pilots, by slice: the step of the lowest val estimate, whole val at the end and the best
+case "$*" in
+    *train_tokens=700000*seed=0*) best=$BEST700 ;;
+    *train_tokens=500000*seed=0*) best=$BEST500 ;;
+    *) best="2000 1.5 1.5" ;;
+esac
+set -- $best
+{{
+    printf '%s\n' '{{"type": "start", "step": 0}}' '{{"type": "step", "step": 5600}}'
+    for s in 0 1000 2000 3000 3800 4000 4800 5000 5600; do
+        v=2; [ $s = $1 ] && v=1
+        echo '{{"type": "est", "step": '$s', "val": '$v'}}'
+    done
+}} > "$dir/log.jsonl"
+echo '{{"status": "finished", "train_steps": 5600, "whole_val_last": '$2',' \\
+    '"whole_val_best": '$3'}}' > "$dir/summary.json"
+''')
+    (shim / 'python').chmod(0o755)
+
+    def study(tag, best700, best500):
+        env = dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(tmp_path / tag),
+                   PILOT=str(tmp_path / tag / 'pilot'), STUDY=str(tmp_path / tag / 'study'),
+                   CALLS=str(tmp_path / f'{tag}.calls'), BEST700=best700, BEST500=best500)
+        p = subprocess.run(['bash', 'experiments/cpu_bytes_overfit.sh'], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)
+        return p, (tmp_path / f'{tag}.calls').read_text().splitlines()
+
+    # 700k: best at 4,800 (too late) and +0.0088 (too little); 500k: best at 3,800, +0.043
+    p, calls = study('a', '4800 1.4469 1.4381', '3800 1.5550 1.5121')
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert 'the 700,000-byte pilot overfits: no (best estimate at step 4,800' in p.stdout
+    assert 'the 500,000-byte pilot overfits: yes (best estimate at step 3,800' in p.stdout
+    assert len(calls) == 12 and all('--train_tokens=500000' in c for c in calls[1:])
+    assert sorted(c.split('--seed=')[1].split()[0] for c in calls[2:]) == sorted(
+        ['1337', '2', '3', '4', '5'] * 2)
+    assert sum('bytes_aed_mse_possub' in c for c in calls) == 5
+    # 700k passes: no adjustment, the pair on 700k
+    p, calls = study('b', '3800 1.46 1.44', '3800 1.6 1.5')
+    assert p.returncode == 0 and len(calls) == 11, p.stdout + p.stderr
+    assert all('--train_tokens=700000' in c for c in calls)
+    # best early enough but rising too little, in both: the script stops, no pair
+    p, calls = study('c', '3000 1.445 1.44', '3000 1.505 1.50')
+    assert p.returncode == 1 and 'neither pilot overfits' in p.stdout and len(calls) == 2
