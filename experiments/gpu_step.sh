@@ -7,7 +7,8 @@
 #
 # Writes OUT/bench_step.json and .log (bench.py), OUT/30steps/<run> (summary.json, log.jsonl),
 # OUT/30steps.md and .svg (the table) and OUT/30steps.log (train.py's console). BUDGET: bench.py's
-# step_budget in seconds. On one H200 it chose train.py's defaults (docs/gpu.md).
+# step_budget in seconds. On one H200 it chose train.py's defaults (docs/gpu.md). The runs train in
+# RUNS/30steps/<run> (default out-gpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -29,6 +30,6 @@ PY
     run=$([ $model = gpt ] && echo baseline || echo aed_mse_possub)
     [ -n "$flags" ] || { echo "=== $model: no variant passed, $run not run"; continue; }
     echo "=== $run: $flags"
-    FLAGS=$flags STEPS=30 WARMUP=7 DECAY=17111 RUNS=out-gpu RES="$OUT/30steps" \
+    FLAGS=$flags STEPS=30 WARMUP=7 DECAY=17111 RUNS=${RUNS:-out-gpu} RES="$OUT/30steps" \
         bash experiments/gpu_author_regime.sh "$run" 2>&1 | tee -a "$OUT/30steps.log" || true
 done

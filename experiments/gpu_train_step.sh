@@ -13,10 +13,13 @@
 #                                                     (a GPT run ~1.5 min on one H200)
 # $ OUT=... bash experiments/gpu_train_step.sh gpt_inductor gpt_aten   only the runs named
 #
-# Writes OUT/<run>/ (summary.json, log.jsonl), OUT.md (the table) and OUT.log (the console).
+# Writes OUT/<run>/ (summary.json, log.jsonl), OUT.md (the table) and OUT.log (the console); the
+# runs train in RUNS/train_step/<run> (default out-gpu), on DATA/wikipedia (default data).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
+RUNS=${RUNS:-out-gpu}
+DATA=${DATA:-data}
 ALL=(gpt_inductor aed_inductor gpt_nocudnn gpt_pad64 aed_nocudnn aed_pad64 gpt_profile aed_profile
      gpt_random aed_random gpt_aten aed_aten)  # the default order: the step, then its levers
 ORDER=("${ALL[@]}")
@@ -28,11 +31,11 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT.log") 2>&1
 python -c 'import sys, torch; torch.cuda.is_available() or sys.exit("error: no CUDA GPU here")
 print("===", torch.cuda.get_device_name(0), torch.__version__)' || exit 1
-[ -f data/wikipedia/train.bin ] || python prepare.py
-python - <<'PY'
-import json, os, shutil
+[ -f "$DATA/wikipedia/train.bin" ] || python prepare.py --data_dir="$DATA"
+python - "$DATA" <<'PY'
+import json, os, shutil, sys
 import numpy as np
-src, dst = "data/wikipedia", "data/random_ids"
+src, dst = f"{sys.argv[1]}/wikipedia", f"{sys.argv[1]}/random_ids"
 os.makedirs(dst, exist_ok=True)
 meta = json.load(open(f"{src}/meta.json"))
 rng = np.random.default_rng(0)
@@ -49,11 +52,11 @@ for name in "${ORDER[@]}"; do
     echo "=== $(date -u +%H:%M:%S) $name"
     mkdir -p "$OUT/$name"
     python experiments/gpu_probe.py "$way" "$OUT/$name/profile.json" -- train.py "$cfg" \
-        --dataset="$data" --train_steps=30 \
+        --data_dir="$DATA" --dataset="$data" --train_steps=30 \
         --warmup_iters=7 --lr_decay_iters=17111 --est_interval=30 --est_steps=20 \
-        --log_interval=10 --out_dir="out-gpu/train_step/$name" --overwrite=True \
+        --log_interval=10 --out_dir="$RUNS/train_step/$name" --overwrite=True \
         ${flags[@]+"${flags[@]}"} &&
-        cp out-gpu/train_step/$name/{summary.json,log.jsonl} "$OUT/$name/"
+        cp "$RUNS/train_step/$name/"{summary.json,log.jsonl} "$OUT/$name/"
     python - "$OUT" > "$OUT.md.tmp" <<'PY' && mv "$OUT.md.tmp" "$OUT.md"
 import glob, json, os, statistics, sys
 print("| run | ms a step (median of 11-30) | GPU | torch | val ce at 30 |\n|---|---:|---|---|---:|")

@@ -758,6 +758,7 @@ def test_gpu_step_script_trains_each_model_with_its_fastest_passing_variant(tmp_
     cp {tmp_path}/bench.json "$(printf '%s\\n' "$@" | sed -n 's/^--out_json=//p')"; exit 0
 fi
 ''')
+    env['RUNS'] = str(tmp_path / 'runs')  # train.py's out_dirs: not in the repository
     p = subprocess.run(['bash', 'experiments/gpu_step.sh'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -766,6 +767,7 @@ fi
     assert calls[0].endswith('--compile_mode=reduce-overhead --micro_batch=50 --overwrite=True')
     assert calls[1].endswith('--compile_mode=default --micro_batch=50 --overwrite=True')
     assert '| baseline |' in (tmp_path / 'out' / '30steps.md').read_text()
+    assert (tmp_path / 'runs' / '30steps' / 'baseline' / 'summary.json').is_file()
 
 
 def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
@@ -773,13 +775,19 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
     finished one): each run name goes to its config, probe way and dataset, random ids are written
     as many as the text's, and the table lists the runs that finished. An unknown run, or no GPU:
     one line."""
-    env = gpu_script_env(tmp_path, 'experiments/gpu_probe.py')
+    data = tmp_path / 'data'  # the text's bins, as prepare.py writes them (not the repo's)
+    os.makedirs(data / 'wikipedia')
+    np.arange(3000, dtype=np.uint16).tofile(data / 'wikipedia' / 'train.bin')
+    np.arange(300, dtype=np.uint16).tofile(data / 'wikipedia' / 'val.bin')
+    (data / 'wikipedia' / 'meta.json').write_text('{"vocab_size": 50257}')
+    env = dict(gpu_script_env(tmp_path, 'experiments/gpu_probe.py'), DATA=str(data),
+               RUNS=str(tmp_path / 'runs'))
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_random', 'aed_aten',
                         'gpt_profile', 'aed_pad64', 'gpt_nocudnn'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     calls = [c.split() for c in (tmp_path / 'calls').read_text().splitlines()]
-    assert [(c[1], c[5], c[6], c[-1]) for c in calls] == [
+    assert [(c[1], c[5], c[7], c[-1]) for c in calls] == [
         ('inductor', 'config/baseline.py', '--dataset=random_ids', '--overwrite=True'),
         ('aten', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--overwrite=True'),
         ('profile', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True'),
@@ -787,9 +795,9 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
          '--vocab_pad_multiple=64'),
         ('nocudnn', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True')]
     assert calls[2][2] == f"{tmp_path}/out/gpt_profile/profile.json"
-    sizes = [os.path.getsize(os.path.join(ROOT, 'data', d, 'train.bin'))
-             for d in ('wikipedia', 'random_ids')]
-    assert sizes[0] == sizes[1]
+    assert [c[6] for c in calls] == [f'--data_dir={data}'] * 5
+    assert (os.path.getsize(data / 'random_ids' / 'train.bin') == 6000
+            and (tmp_path / 'runs' / 'train_step' / 'gpt_random' / 'summary.json').is_file())
     table = (tmp_path / 'out.md').read_text()
     assert all(f'| {r} |' in table for r in ('gpt_random', 'aed_aten', 'aed_pad64')), table
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_fast'], cwd=ROOT, env=env,
