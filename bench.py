@@ -257,9 +257,9 @@ def config_step_fn(c):
     """(step, info, warm-up steps): step is a closure running one optimizer step of train.py's
     config c as train.py runs it (model.build_model, configure_optimizers, its micro-batch split,
     dtype, compile and dropout, .backward() or under CUDA graphs autograd.grad into kept .grad
-    tensors, the loss sums read back), on
-    random token ids already on the device: data loading is left out (the data section: ~0.02% of a
-    step). The threads are torch's, as in train.py (OMP_NUM_THREADS)."""
+    tensors, the loss sums read back), on random token ids already on the device: data loading is
+    left out (the data section: ~0.02% of a step). The threads are torch's, as in train.py
+    (OMP_NUM_THREADS)."""
     dev, dev_type, dtype, amp = resolve_device(c["device"], c["dtype"])
     rows = c["gradient_accumulation_steps"] * c["batch_size"]  # one process: no DDP split
     n_micro = next(n for n in range(1, rows + 1)

@@ -150,7 +150,7 @@ class Block(nn.Module):
     def forward(self, x, enc=None, cache=None, pos=None):
         if enc is not None and self.cross_first:
             x = x + self.cross_attn(self.ln_q(x), self.ln_kv(enc), cache, pos)
-        x = x + self.attn(self.ln_1(x), None, cache, pos)
+        x = x + self.attn(self.ln_1(x), cache=cache, pos=pos)
         if enc is not None and not self.cross_first:
             x = x + self.cross_attn(self.ln_q(x), self.ln_kv(enc), cache, pos)
         return x + self.mlp(self.ln_2(x))
@@ -184,8 +184,8 @@ class Transformer(nn.Module):
         # tied to the head; rows up to a multiple of vocab_pad_multiple, the extra ones unused
         self.wte = nn.Embedding(-(-c.vocab_size // c.vocab_pad_multiple) * c.vocab_pad_multiple, C)
         # wpe[1..T] (added to the decoder input, or subtracted at the head) needs one row more
-        self.wpe = nn.Embedding(c.context_size + (c.add_pos_embed_to_decoder or
-                                                  c.sub_pos_embed_to_decoder != "NO"), C)
+        self.wpe = nn.Embedding(c.context_size + int(c.add_pos_embed_to_decoder or
+                                                     c.sub_pos_embed_to_decoder != "NO"), C)
         self.drop = nn.Dropout(c.dropout_rate)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layer))  # the AED's encoder
         self.ln_bridge = layer_norm(c) if c.add_ln_before_decoder_ff else None
@@ -238,7 +238,7 @@ class Transformer(nn.Module):
             pos = torch.arange(idx.size(1), device=idx.device)
         x = E = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
         for block in self.blocks:
-            x = block(x, None, cache, pos)
+            x = block(x, cache=cache, pos=pos)
         if self.decoder_blocks is not None:  # the AED: enc, the encoder output, has no LayerNorm
             enc = x
             x = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))

@@ -88,9 +88,9 @@ def print_tokens(ids):  # ids: (1, n)
 
 
 print(f"{model_config.arch} model, {model.get_num_params():,} params, step {ckpt.get('step')}, "
-      f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}{', compiled' * compile * kv_cache}",
-      file=sys.stderr, flush=True)
-interrupt_on_signals()  # Ctrl-C and SIGTERM, between two tokens; `| head`
+      f"{ckpt_path}, kv_cache {'on' if kv_cache else 'off'}"
+      f"{', compiled' if compile and kv_cache else ''}", file=sys.stderr, flush=True)
+interrupt_on_signals()  # Ctrl-C and SIGTERM between two tokens; `| head` ends it quietly
 try:
     with torch.no_grad(), autocast:
         for _ in range(num_samples):
