@@ -215,6 +215,7 @@ class Transformer(nn.Module):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * depth))
         self.last_ce = self.last_embedding_loss = self.compiled_decode_step = None
+        self.fused_loss = False  # train.py sets it
 
     def get_num_params(self):
         """As the author counts: the tied wte once, without wpe (and without wte's padding rows)."""
@@ -263,10 +264,16 @@ class Transformer(nn.Module):
         detached, in last_ce and last_embedding_loss (None: not computed)."""
         c = self.config
         out, E, enc = self.hidden_states(idx)
-        logits = self.head(out)
         if targets is None:
-            return logits, None
-        loss = ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
+            return self.head(out), None
+        logits = None
+        if return_logits or not self.fused_loss:
+            logits = self.head(out)
+            ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
+        else:  # train.py's fused_loss: the head and the loss chunk by chunk, no logits kept
+            ce = LinearCrossEntropy.apply(out.flatten(0, 1), self.wte.weight, targets.view(-1),
+                                          c.vocab_size, torch.is_grad_enabled())
+        loss = ce
         self.last_ce, self.last_embedding_loss = ce.detach(), None
         if self.training and c.embedding_loss_type != "NONE":
             emb = self.embedding_distance(*self.embedding_pair(E, enc))
@@ -357,6 +364,38 @@ class Transformer(nn.Module):
             on_token(idx_next)  # (B, 1), e.g. to print it as it comes
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
+
+
+LOSS_CHUNK = 2 ** 27  # logits a chunk of LinearCrossEntropy: 512 MiB in fp32
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of the logits F.linear(x, w)[:, :vocab_size] against targets, in
+    chunks of rows: the logits are never all in memory. Each chunk's gradients are made in the
+    forward pass (the backward only scales them), so no chunk is computed twice."""
+
+    @staticmethod
+    def forward(ctx, x, w, targets, vocab_size, grads):
+        # x: (N, C); w: (V, C), V >= vocab_size (padding rows); targets: (N,); grads: False in
+        # no_grad (estimates)
+        wv, rows, n = w[:vocab_size], max(1, LOSS_CHUNK // vocab_size), x.size(0)
+        grad_x, grad_w, loss = torch.zeros_like(x), torch.zeros_like(w), 0.0
+        for i in range(0, n, rows):
+            xc, tc = x[i:i + rows], targets[i:i + rows, None]  # (rows, C), (rows, 1)
+            logits = F.linear(xc, wv)  # (rows, vocab_size); under autocast bf16, then fp32:
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            lse = logits.logsumexp(dim=-1, keepdim=True)  # (rows, 1)
+            loss = loss + (lse - logits.gather(1, tc)).sum() / n
+            if grads:  # d loss / d logits = (softmax - one-hot) / n
+                g = (logits - lse).exp_().scatter_add_(1, tc, torch.full_like(lse, -1.0)) / n
+                grad_x[i:i + rows] = g @ wv
+                grad_w[:vocab_size] += g.t() @ xc
+        ctx.save_for_backward(grad_x, grad_w)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        return *(g * grad for g in ctx.saved_tensors), None, None, None
 
 
 def build_model(config):

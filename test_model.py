@@ -20,13 +20,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from checkpoint import model_config_of
 from configurator import load_config
 from conftest import train_defaults
 import model
 from model import ModelConfig, build_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)}
 
 
 # -----------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def load_config_file(name, **overrides):
     """A config/*.py file, read as train.py reads it -> ModelConfig of its model keys, then
     overrides."""
     c = load_config(train_defaults(), [os.path.join(HERE, "config", name)])
-    return ModelConfig(**{**{k: c[k] for k in MODEL_KEYS}, **overrides})
+    return model_config_of({**c, **overrides})
 
 
 _full_models = {}
@@ -1002,6 +1002,38 @@ def test_vocab_padding_changes_no_output(arch):
     for name in g_u:
         torch.testing.assert_close(g_p[name], g_u[name], atol=1e-12, rtol=1e-10, msg=name)
     assert g_u["wte.weight"].abs().max() > 0
+
+
+@pytest.mark.parametrize("arch", ["gpt", "aed"])
+def test_fused_loss_is_the_unfused_loss(arch, monkeypatch):
+    """train.py's fused_loss (LinearCrossEntropy: the head and the loss in chunks, gradients made in
+    the forward) against F.cross_entropy of the full logits, float64, a padded wte, chunks of 7 rows
+    (48 rows: the last one short): the same training loss and every gradient, the padding rows
+    none; the same loss under no_grad and compiled (fullgraph)."""
+    monkeypatch.setattr(model, "LOSS_CHUNK", 7 * 50)
+    cfg, _, m = padded_pair(arch)
+    x, y = batch(cfg, B=6)
+    _, ref = m(x, y, return_logits=False)
+    ref.backward()
+    g_ref = grads(m)
+    m.zero_grad(set_to_none=True)
+    m.fused_loss = True
+    logits, loss = m(x, y, return_logits=False)
+    assert logits is None
+    torch.testing.assert_close(loss, ref, atol=1e-12, rtol=1e-12)
+    ce = F.cross_entropy(m(x)[0].reshape(-1, cfg.vocab_size), y.view(-1))
+    torch.testing.assert_close(m.last_ce, ce.detach(), atol=1e-12, rtol=1e-12)
+    loss.backward()
+    g = grads(m)
+    assert torch.all(g["wte.weight"][cfg.vocab_size:] == 0) and g["wte.weight"].abs().max() > 0
+    for name in g_ref:
+        torch.testing.assert_close(g[name], g_ref[name], atol=1e-12, rtol=1e-10, msg=name)
+    m.eval()
+    with torch.no_grad():
+        unfused = F.cross_entropy(m(x)[0].reshape(-1, cfg.vocab_size), y.view(-1))
+        for f in (m, torch.compile(m, backend="aot_eager", fullgraph=True)):
+            torch.testing.assert_close(f(x, y, return_logits=False)[1], unfused, atol=1e-12,
+                                       rtol=1e-12)
 
 
 @pytest.mark.parametrize("arch", ["gpt", "aed"])

@@ -19,13 +19,11 @@ import os
 import statistics
 import sys
 import time
-from contextlib import nullcontext
 from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from checkpoint import CheckpointError, load, model_config_of, resume_config
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
@@ -52,6 +50,7 @@ batch_size = 50        # a step: batch_size x gradient_accumulation_steps sequen
 gradient_accumulation_steps = 16  # (estimates: batches of batch_size; split across DDP ranks)
 micro_batch = 200      # at most this many sequences a forward (0: batch_size), fewest forwards
 # model: every field of model.py's ModelConfig is a key too (arch, vocab_size, context_size, ...)
+vocab_pad_multiple = 0  # wte's rows up to a multiple of this (0: 64 on CUDA, aligned GEMMs; else 1)
 # AdamW optimizer
 lr = 9e-4              # peak learning rate
 beta1 = 0.9            # AdamW's betas
@@ -69,10 +68,11 @@ ddp_timeout = 600      # seconds a DDP rank waits in a collective before the run
 device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', 'mps'
 dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere)
 compile = True         # torch.compile the model (the CPU presets turn it off: docs/performance.md)
-compile_mode = 'auto'  # 'auto': reduce-overhead on one CUDA device without DDP, else default
+compile_mode = 'auto'  # 'auto': reduce-overhead (CUDA graphs) on CUDA, else default
+fused_loss = False     # the head and cross-entropy in chunks, no logits in memory (docs/gpu.md)
 seed = 1337            # the init, the batches and dropout all follow from it
-DEFAULTS = {**collect_defaults(globals()),
-            **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
+DEFAULTS = collect_defaults(globals())  # then the model's fields, unless set above
+DEFAULTS |= {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name not in DEFAULTS}
 # -----------------------------------------------------------------------------
 try:  # --help lists every key with its comment here or in model.py's ModelConfig
     config = load_config(DEFAULTS, sys.argv[1:], sources=[__file__, sys.modules['model'].__file__])
@@ -81,7 +81,9 @@ try:  # --help lists every key with its comment here or in model.py's ModelConfi
         config, ckpt, changes = resume_config(config['out_dir'], DEFAULTS, sys.argv[1:])
     globals().update(config)  # config keeps device 'auto': a resume on other hardware works
     device, device_type, dtype, autocast = resolve_device(device, dtype)
-    model_config = model_config_of(config)
+    model_config = model_config_of(config, device_type)
+    # saved as resolved: a resume on other hardware builds the same rows
+    config['vocab_pad_multiple'] = model_config.vocab_pad_multiple
 except (ConfigError, CheckpointError) as e:
     die(e)
 except (ValueError, TypeError) as e:
@@ -112,10 +114,10 @@ micro_steps = next(n for n in range(1, rank_rows + 1)  # forwards a step, per ra
                    if rank_rows % n == 0 and rank_rows // n <= (micro_batch or batch_size))
 forward_rows = rank_rows // micro_steps  # sequences a forward
 if compile_mode == 'auto':  # CUDA graphs: ~3x faster steps for the author's (docs/gpu.md)
-    compile_mode = 'reduce-overhead' if device_type == 'cuda' and not ddp else 'default'
+    compile_mode = 'reduce-overhead' if device_type == 'cuda' else 'default'
 graphs = compile and compile_mode in ('reduce-overhead', 'max-autotune')  # CUDA graphs
-if graphs and (device_type != 'cuda' or ddp):
-    die(f"compile_mode {compile_mode} uses CUDA graphs: on one CUDA device without DDP only")
+if graphs and device_type != 'cuda':
+    die(f"compile_mode {compile_mode} uses CUDA graphs: on CUDA only")
 mark_step = torch.compiler.cudagraph_mark_step_begin if graphs else lambda: None  # CUDA graphs only
 if ddp:
     if device_type == 'cuda':
@@ -184,9 +186,10 @@ whole_val = (val_data, np.arange((len(val_data) - 1) // context_size) * context_
 run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
 run.catch_signals()  # a signal or a lost DDP rank now waits for a save under way, is recorded
 
-# model init: the same weights on every rank (DDP also broadcasts rank 0's)
+# model init: the same weights on every rank (the same seed, or checkpoint)
 torch.manual_seed(seed)
-model = raw_model = build_model(model_config).to(device)  # raw: uncompiled, unwrapped
+model = raw_model = build_model(model_config).to(device)  # raw: uncompiled
+raw_model.fused_loss = fused_loss
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # a no-op but with fp16
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 params = [p for p in model.parameters() if p.requires_grad]  # a frozen one gets no gradient
@@ -234,9 +237,6 @@ if compile and start_step < train_steps:  # (a finished run takes no step)
     if master:
         print("compiling the model in the first step: about a minute (--compile=False skips it)")
     model = torch.compile(model, mode=compile_mode, dynamic=False)  # B static (estimates differ)
-eval_model = model  # rank 0 evaluates without the DDP wrapper
-if ddp:
-    model = DDP(model, device_ids=[local_rank] if device_type == 'cuda' else None)
 
 @torch.no_grad()
 def mean_ce(m, data, starts):
@@ -268,7 +268,7 @@ def get_lr(step):
 
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size,
           device=device, dtype=dtype, params=raw_model.get_num_params(),
-          compiled=eval_model is not raw_model, gpu=gpu, torch=torch.__version__, **provenance(),
+          compiled=model is not raw_model, gpu=gpu, torch=torch.__version__, **provenance(),
           config=config)
 
 # training loop
@@ -279,7 +279,7 @@ while True:
     if master and (step != start_step or init_from == 'scratch'):
         if step % est_interval == 0 or step == train_steps:
             t0 = time.time()
-            est = {split: mean_ce(eval_model, *batches) for split, batches in est_batches.items()}
+            est = {split: mean_ce(model, *batches) for split, batches in est_batches.items()}
             est_s = time.time() - t0
             if not all(map(math.isfinite, est.values())):
                 run.stop(step, f"an estimate is not finite ({est})")
@@ -312,19 +312,23 @@ while True:
         X, Y = get_batch(train_data, ix)
         data_s += time.time() - t_data
         mark_step()  # a new forward: CUDA graphs may reuse memory
-        with model.no_sync() if ddp and micro < micro_steps - 1 else nullcontext():
-            with autocast:
-                _, loss = model(X, Y, return_logits=False)  # the loss alone: no logits kept
-            if graphs:  # in one add: with CUDA graphs, AccumulateGrad can fail or corrupt them
-                torch._foreach_add_([p.grad for p in params], torch.autograd.grad(
-                    scaler.scale(loss / micro_steps), params, materialize_grads=True))
-            else:
-                scaler.scale(loss / micro_steps).backward()
+        with autocast:
+            _, loss = model(X, Y, return_logits=False)  # the loss alone: no logits kept
+        if graphs:  # in one add: with CUDA graphs, AccumulateGrad can fail or corrupt them
+            torch._foreach_add_([p.grad for p in params], torch.autograd.grad(
+                scaler.scale(loss / micro_steps), params, materialize_grads=True))
+        else:
+            scaler.scale(loss / micro_steps).backward()
         stats[0] += loss.detach().float()
         stats[1] += raw_model.last_ce.float()
         if (emb := raw_model.last_embedding_loss) is not None:  # an AED with the loss
             stats[2] += emb.float()
-    if ddp:
+    if ddp:  # the mean of the ranks' gradients, in one all-reduce outside the compiled model
+        grads = [p.grad for p in params if p.grad is not None]
+        flat = torch.cat([g.flatten() for g in grads]).div_(world_size)
+        dist.all_reduce(flat)
+        for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(mean.view_as(g))
         dist.all_reduce(stats)  # every rank sees the same numbers, so all stop together on NaN
     loss_v, ce_v, emb_v = (v / (micro_steps * world_size) for v in stats.tolist())
     emb_v = emb_v if emb is not None else None

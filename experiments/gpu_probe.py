@@ -8,6 +8,7 @@ train.py under a probe, for experiments/gpu_train_step.sh: python experiments/gp
   profile   train.py as it is, with torch.profiler over steps 14-16 (a step ends at train.py's
             torch.cuda.synchronize): GPU busy share, idle gaps and the kernels, into OUT_JSON
   nocudnn   cuDNN's attention off: scaled_dot_product_attention takes another of its kernels
+  shapepad  Inductor pads every GEMM's sizes to aligned ones (force_shape_pad: the AED's width 150)
 """
 import json
 import os
@@ -18,7 +19,7 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
-WAYS = ("inductor", "aten", "profile", "nocudnn")
+WAYS = ("inductor", "aten", "profile", "nocudnn", "shapepad")
 head = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else []
 if not 1 <= len(head) <= 2 or head[0] not in WAYS or head[0] == "profile" and len(head) < 2:
     sys.exit(f"usage: python experiments/gpu_probe.py WAY [OUT_JSON] -- train.py ARGS... (WAY: one "
@@ -80,6 +81,8 @@ def summarize(prof):
 
 if way == "nocudnn":
     torch.backends.cuda.enable_cudnn_sdp(False)
+if way == "shapepad":
+    torch._inductor.config.force_shape_pad = True
 if way == "profile":
     from torch.profiler import ProfilerActivity, profile, schedule
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],

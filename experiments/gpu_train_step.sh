@@ -7,7 +7,11 @@
 #   <model>_random    as it is, on uniform random ids (data/random_ids: as many as the text's)
 #   <model>_profile   as it is, with torch.profiler over steps 14-16 (OUT/<run>/profile.json)
 #   <model>_nocudnn   cuDNN's attention off (the profile's second-largest kernel)
-#   <model>_pad64     --vocab_pad_multiple=64: the head's 50,257 rows padded to 50,304
+#   <model>_shapepad  Inductor's force_shape_pad: GEMM sizes padded (the AED's width 150)
+#   <model>_nopad     --vocab_pad_multiple=1: the head's 50,257 rows (CUDA's default pads to 50,304)
+#   <model>_fused     --fused_loss=True: the head and the loss in chunks, no logits in memory
+#   <model>_rank      one rank of the card's 8-GPU command: DDP on (the environment torchrun
+#                     --nproc_per_node=1 sets), 100 sequences a step in one forward, profiled
 #
 # $ OUT=experiments/gpu_train_step bash experiments/gpu_train_step.sh   all, in ALL's order
 #                                                     (a GPT run ~1.5 min on one H200)
@@ -20,8 +24,9 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
 RUNS=${RUNS:-out-gpu}
 DATA=${DATA:-data}
-ALL=(gpt_inductor aed_inductor gpt_nocudnn gpt_pad64 aed_nocudnn aed_pad64 gpt_profile aed_profile
-     gpt_random aed_random gpt_aten aed_aten)  # the default order: the step, then its levers
+ALL=(gpt_inductor aed_inductor gpt_rank aed_rank gpt_fused aed_fused gpt_nopad aed_nopad
+     gpt_nocudnn aed_nocudnn aed_shapepad gpt_profile aed_profile gpt_random aed_random gpt_aten
+     aed_aten)
 ORDER=("${ALL[@]}")
 [ $# -gt 0 ] && ORDER=("$@")
 for name in "${ORDER[@]}"; do
@@ -46,12 +51,16 @@ shutil.copy(f"{src}/meta.json", f"{dst}/meta.json")
 PY
 for name in "${ORDER[@]}"; do
     cfg=$([ "${name%%_*}" = gpt ] && echo config/baseline.py || echo config/aed_mse_possub.py)
-    way=${name#*_} data=wikipedia flags=()
+    way=${name#*_} data=wikipedia flags=() ddp=()
     [ "$way" = random ] && way=inductor data=random_ids
-    [ "$way" = pad64 ] && way=inductor flags=(--vocab_pad_multiple=64)
+    [ "$way" = nopad ] && way=inductor flags=(--vocab_pad_multiple=1)
+    [ "$way" = fused ] && way=inductor flags=(--fused_loss=True)
+    [ "$way" = rank ] && way=profile flags=(--gradient_accumulation_steps=2) \
+        ddp=(RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=localhost MASTER_PORT=29511)
     echo "=== $(date -u +%H:%M:%S) $name"
     mkdir -p "$OUT/$name"
-    python experiments/gpu_probe.py "$way" "$OUT/$name/profile.json" -- train.py "$cfg" \
+    env ${ddp[@]+"${ddp[@]}"} python experiments/gpu_probe.py "$way" "$OUT/$name/profile.json" \
+        -- train.py "$cfg" \
         --data_dir="$DATA" --dataset="$data" --train_steps=30 \
         --warmup_iters=7 --lr_decay_iters=17111 --est_interval=30 --est_steps=20 \
         --log_interval=10 --out_dir="$RUNS/train_step/$name" --overwrite=True \

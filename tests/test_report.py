@@ -250,6 +250,7 @@ def test_cpu_configs_mirror_the_author():
     author's eight runs do; parameter order as in docs/model.md, The author's results:
     baseline_small < AED < baseline."""
     import dataclasses
+    from checkpoint import model_config_of
     from model import ModelConfig, build_model
     cpu, author = load_configs('cpu_'), load_configs('')
     model_keys = [f.name for f in dataclasses.fields(ModelConfig)]
@@ -272,7 +273,7 @@ def test_cpu_configs_mirror_the_author():
         {k: v for k, v in cpu['baseline'].items() if k not in ('out_dir', 'dropout_rate')}
 
     def params(r):
-        return build_model(ModelConfig(**{k: cpu[r][k] for k in model_keys})).get_num_params()
+        return build_model(model_config_of(cpu[r])).get_num_params()
     assert (params('baseline_small') < params('aed_mse_possub') < params('baseline')
             == params('baseline_dropout'))
 
@@ -780,10 +781,13 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
     np.arange(3000, dtype=np.uint16).tofile(data / 'wikipedia' / 'train.bin')
     np.arange(300, dtype=np.uint16).tofile(data / 'wikipedia' / 'val.bin')
     (data / 'wikipedia' / 'meta.json').write_text('{"vocab_size": 50257}')
-    env = dict(gpu_script_env(tmp_path, 'experiments/gpu_probe.py'), DATA=str(data),
+    ranks = f'if [ -n "${{RANK:-}}" ]; then echo "$RANK $WORLD_SIZE $2" >> {tmp_path}/ranks; fi\n'
+    env = dict(gpu_script_env(tmp_path, 'experiments/gpu_probe.py', more=ranks), DATA=str(data),
                RUNS=str(tmp_path / 'runs'))
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_random', 'aed_aten',
-                        'gpt_profile', 'aed_pad64', 'gpt_nocudnn'], cwd=ROOT, env=env,
+                        'gpt_profile', 'aed_nopad', 'gpt_nocudnn', 'gpt_fused', 'aed_rank',
+                        'aed_shapepad'],
+                       cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     calls = [c.split() for c in (tmp_path / 'calls').read_text().splitlines()]
@@ -791,15 +795,20 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
         ('inductor', 'config/baseline.py', '--dataset=random_ids', '--overwrite=True'),
         ('aten', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--overwrite=True'),
         ('profile', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True'),
-        ('inductor', 'config/aed_mse_possub.py', '--dataset=wikipedia',
-         '--vocab_pad_multiple=64'),
-        ('nocudnn', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True')]
+        ('inductor', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--vocab_pad_multiple=1'),
+        ('nocudnn', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True'),
+        ('inductor', 'config/baseline.py', '--dataset=wikipedia', '--fused_loss=True'),
+        ('profile', 'config/aed_mse_possub.py', '--dataset=wikipedia',
+         '--gradient_accumulation_steps=2'),
+        ('shapepad', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--overwrite=True')]
+    # the rank run alone as one rank of a DDP run (the one GPU's share of the card's command)
+    assert (tmp_path / 'ranks').read_text() == '0 1 profile\n'
     assert calls[2][2] == f"{tmp_path}/out/gpt_profile/profile.json"
-    assert [c[6] for c in calls] == [f'--data_dir={data}'] * 5
+    assert [c[6] for c in calls] == [f'--data_dir={data}'] * 8
     assert (os.path.getsize(data / 'random_ids' / 'train.bin') == 6000
             and (tmp_path / 'runs' / 'train_step' / 'gpt_random' / 'summary.json').is_file())
     table = (tmp_path / 'out.md').read_text()
-    assert all(f'| {r} |' in table for r in ('gpt_random', 'aed_aten', 'aed_pad64')), table
+    assert all(f'| {r} |' in table for r in ('gpt_random', 'aed_aten', 'aed_nopad')), table
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_fast'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and 'unknown run gpt_fast' in p.stderr

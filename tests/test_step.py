@@ -110,7 +110,7 @@ def test_step_options_that_cannot_run_are_refused(tmp_path):
     data = make_data(tmp_path)
     for args, words in [(['--compile_mode=fast'], ['compile_mode must be one of', 'max-autotune']),
                         (['--compile=True', '--compile_mode=reduce-overhead'],
-                         ['reduce-overhead uses CUDA graphs', 'one CUDA device without DDP']),
+                         ['reduce-overhead uses CUDA graphs', 'on CUDA only']),
                         (['--compile=True', '--compile_mode=max-autotune'], ['CUDA graphs']),
                         (['--micro_batch=-1'], ['micro_batch must be >= 0'])]:
         p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny',
