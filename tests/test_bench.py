@@ -51,7 +51,8 @@ def test_bench_quick(tmp_path):
     assert all(g["ms_per_token_weight_read"] > 0 and g["speedup_bound"] == pytest.approx(
         g["ms_per_token_uncached"] / g["ms_per_token_weight_read"]) for g in r["generate"])
     # the KV cache size bench reports is what the model really allocates (quick mode: the small AED)
-    aed = build_model(ModelConfig(**dict(bench.SMALL_AED, context_size=200))).eval()
+    aed = build_model(ModelConfig(**dict(bench.SMALL_AED, context_size=64))).eval()
+    assert {g["new_tokens"] for g in r["generate"]} == {63}  # quick: a context of 64
     for g in (g for g in r["generate"] if g["model"] == "AED"):
         cache = aed.new_kv_cache()
         aed.next_logits(torch.zeros(g["batch"], 1, dtype=torch.long), cache)
