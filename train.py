@@ -203,8 +203,9 @@ if ckpt is not None:
     model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
     try:
         optimizer.load_state_dict(ckpt['optimizer'])
-    except (ValueError, KeyError, TypeError) as e:
-        die(f"{run.path('ckpt_last.pt')}: optimizer state does not fit ({first_line(e)})")
+    except (ValueError, KeyError, TypeError) as e:  # a fork changed what trains
+        master and print(f"warning: the optimizer state does not fit ({first_line(e)}): AdamW "
+                         f"starts afresh", file=sys.stderr)
     if ckpt['scaler']:  # empty when saved without fp16
         scaler.load_state_dict(ckpt['scaler'])
     if master:

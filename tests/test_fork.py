@@ -103,6 +103,24 @@ def test_a_frozen_parameter_stays_put(tmp_path, torchrun):
     assert not torch.equal(start['wte.weight'], end['wte.weight'])
 
 
+def test_a_parameter_frozen_after_the_checkpoint_resumes(tmp_path):
+    """A run of the unforked code, resumed by a fork that freezes wpe: the saved AdamW state no
+    longer fits the trainable parameters, so AdamW starts afresh, said in one line; the weights
+    resume, the frozen one stays put."""
+    data, out = byte_data(tmp_path), str(tmp_path / 'out')
+    common = [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}']
+    run(ROOT, 'train.py', *TINY, *common, '--train_steps=2')
+    start = weights(out)
+    p = run(fork(tmp_path, FREEZE), 'train.py', *common, '--init_from=resume', '--train_steps=4')
+    assert [line for line in p.stderr.splitlines() if 'AdamW' in line] == [
+        "warning: the optimizer state does not fit (ValueError: loaded state dict contains a "
+        "parameter group "
+        "that doesn't match the size of optimizer's group): AdamW starts afresh"], p.stderr
+    end = weights(out)
+    assert torch.equal(start['wpe.weight'], end['wpe.weight'])
+    assert not torch.equal(start['wte.weight'], end['wte.weight'])
+
+
 def test_a_parameter_on_some_blocks(tmp_path):
     """A parameter on every other block: its checkpoint resumes and samples."""
     code, data = fork(tmp_path, GATE), byte_data(tmp_path)
