@@ -144,6 +144,12 @@ def test_a_closed_stdout_ends_it_quietly(out_dir):
     assert header.startswith('gpt model, ') and rest == []
 
 
+def test_a_prompt_past_the_vocabulary_is_one_line(out_dir):
+    """The fixture's vocabulary is GPT-2's first 256 ids; ' the history' is ids 262 and 2106."""
+    assert sample(out_dir, '--start= the history') == (
+        1, '', "error: the prompt has token id 2106, the model's vocab_size is 256\n")
+
+
 def test_command_line_mistakes_are_one_line(tmp_path):
     """A run folder given alone, a folder without a checkpoint: one line each, saying what to do.
     --help lists the keys (max_new_tokens counted in bytes for a byte model), nothing else."""
