@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 ENUMS = {"arch": ("gpt", "aed"), "order_type": ("ORIGINAL", "ALT"),
          "sub_pos_embed_to_decoder": ("NO", "YES_NO_LN", "YES_LN"),
@@ -23,6 +24,7 @@ EMBEDDING_LOSS_DEFAULTS = {"embedding_loss_coeff": 1.0, "detach_type": "ENCODER_
                            "embedding_ln_type": "INIT", "use_ln_on_encoder_out": True,
                            "embedding_ln_affine": True}
 Opt = typing.Optional
+LOSS_CHUNK = 2 ** 27  # logits a chunk of train.py's fused_loss: 512 MiB in fp32
 
 
 @dataclass
@@ -270,9 +272,12 @@ class Transformer(nn.Module):
         if return_logits or not self.fused_loss:
             logits = self.head(out)
             ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
-        else:  # train.py's fused_loss: the head and the loss chunk by chunk, no logits kept
-            ce = LinearCrossEntropy.apply(out.flatten(0, 1), self.wte.weight, targets.view(-1),
-                                          c.vocab_size, torch.is_grad_enabled())
+        else:  # train.py's fused_loss: the head and the loss in chunks of rows, each chunk's
+            # logits made again in the backward (checkpoint), so they are never all in memory
+            rows, ce = max(1, LOSS_CHUNK // c.vocab_size), 0.0
+            for o, t in zip(out.flatten(0, 1).split(rows), targets.view(-1).split(rows)):
+                ce = ce + checkpoint(self.chunk_ce, o, t, use_reentrant=False)
+            ce = ce / targets.numel()
         loss = ce
         self.last_ce, self.last_embedding_loss = ce.detach(), None
         if self.training and c.embedding_loss_type != "NONE":
@@ -280,6 +285,9 @@ class Transformer(nn.Module):
             self.last_embedding_loss = emb.detach()
             loss = ce + c.embedding_loss_coeff * emb
         return logits if return_logits else None, loss
+
+    def chunk_ce(self, out, targets):  # out: (N, C), targets: (N,) -> the summed cross-entropy
+        return F.cross_entropy(self.head(out), targets, reduction="sum")
 
     # the AED's embedding loss (docs/model.md, Embedding loss)
     def embedding_pair(self, E, enc):
@@ -364,38 +372,6 @@ class Transformer(nn.Module):
             on_token(idx_next)  # (B, 1), e.g. to print it as it comes
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
-
-
-LOSS_CHUNK = 2 ** 27  # logits a chunk of LinearCrossEntropy: 512 MiB in fp32
-
-
-class LinearCrossEntropy(torch.autograd.Function):
-    """The mean cross-entropy of the logits F.linear(x, w)[:, :vocab_size] against targets, in
-    chunks of rows: the logits are never all in memory. Each chunk's gradients are made in the
-    forward pass (the backward only scales them), so no chunk is computed twice."""
-
-    @staticmethod
-    def forward(ctx, x, w, targets, vocab_size, grads):
-        # x: (N, C); w: (V, C), V >= vocab_size (padding rows); targets: (N,); grads: False in
-        # no_grad (estimates)
-        wv, rows, n = w[:vocab_size], max(1, LOSS_CHUNK // vocab_size), x.size(0)
-        grad_x, grad_w, loss = torch.zeros_like(x), torch.zeros_like(w), 0.0
-        for i in range(0, n, rows):
-            xc, tc = x[i:i + rows], targets[i:i + rows, None]  # (rows, C), (rows, 1)
-            logits = F.linear(xc, wv)  # (rows, vocab_size); under autocast bf16, then fp32:
-            logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-            lse = logits.logsumexp(dim=-1, keepdim=True)  # (rows, 1)
-            loss = loss + (lse - logits.gather(1, tc)).sum() / n
-            if grads:  # d loss / d logits = (softmax - one-hot) / n
-                g = (logits - lse).exp_().scatter_add_(1, tc, torch.full_like(lse, -1.0)) / n
-                grad_x[i:i + rows] = g @ wv
-                grad_w[:vocab_size] += g.t() @ xc
-        ctx.save_for_backward(grad_x, grad_w)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad):
-        return *(g * grad for g in ctx.saved_tensors), None, None, None
 
 
 def build_model(config):

@@ -1006,8 +1006,8 @@ def test_vocab_padding_changes_no_output(arch):
 
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
 def test_fused_loss_is_the_unfused_loss(arch, monkeypatch):
-    """train.py's fused_loss (LinearCrossEntropy: the head and the loss in chunks, gradients made in
-    the forward) against F.cross_entropy of the full logits, float64, a padded wte, chunks of 7 rows
+    """train.py's fused_loss (the head and the loss in chunks of rows, each recomputed in the
+    backward) against F.cross_entropy of the full logits, float64, a padded wte, chunks of 7 rows
     (48 rows: the last one short): the same training loss and every gradient, the padding rows
     none; the same loss under no_grad and compiled (fullgraph)."""
     monkeypatch.setattr(model, "LOSS_CHUNK", 7 * 50)
