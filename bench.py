@@ -269,7 +269,7 @@ def config_step_fn(c):
         mode = "reduce-overhead" if dev_type == "cuda" else "default"
     graphs = c["compile"] and mode in ("reduce-overhead", "max-autotune")
     torch.manual_seed(c["seed"])
-    raw = build_model(model_config_of(c, dev_type)).to(dev)
+    raw = build_model(model_config_of(c)).to(dev)
     optimizer = raw.configure_optimizers(c["weight_decay"], c["lr"], (c["beta1"], c["beta2"]),
                                          dev_type)
     scaler = torch.amp.GradScaler(dev_type, enabled=dtype == "float16")

@@ -148,13 +148,8 @@ def load(path, keys=('model', 'config')):
     return ckpt, c
 
 
-def model_config_of(config, device_type='cpu'):
-    # a field the run's config lacks (it is older) takes its default; vocab_pad_multiple 0 is
-    # train.py's default: 64 on CUDA (the head's GEMMs aligned), else 1
-    c = {k: config[k] for k in MODEL_KEYS if k in config}
-    if c.get('vocab_pad_multiple') == 0:
-        c['vocab_pad_multiple'] = 64 if device_type == 'cuda' else 1
-    return ModelConfig(**c)
+def model_config_of(config):  # a field the run's config lacks (it is older) takes its default
+    return ModelConfig(**{k: config[k] for k in MODEL_KEYS if k in config})
 
 
 def resume_config(out_dir, defaults, argv):

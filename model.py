@@ -12,7 +12,6 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
-from torch.utils.checkpoint import checkpoint
 
 ENUMS = {"arch": ("gpt", "aed"), "order_type": ("ORIGINAL", "ALT"),
          "sub_pos_embed_to_decoder": ("NO", "YES_NO_LN", "YES_LN"),
@@ -24,7 +23,6 @@ EMBEDDING_LOSS_DEFAULTS = {"embedding_loss_coeff": 1.0, "detach_type": "ENCODER_
                            "embedding_ln_type": "INIT", "use_ln_on_encoder_out": True,
                            "embedding_ln_affine": True}
 Opt = typing.Optional
-LOSS_CHUNK = 2 ** 27  # logits a chunk of train.py's fused_loss: 512 MiB in fp32
 
 
 @dataclass
@@ -217,7 +215,6 @@ class Transformer(nn.Module):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * depth))
         self.last_ce = self.last_embedding_loss = self.compiled_decode_step = None
-        self.fused_loss = False  # train.py sets it
 
     def get_num_params(self):
         """As the author counts: the tied wte once, without wpe (and without wte's padding rows)."""
@@ -266,28 +263,16 @@ class Transformer(nn.Module):
         detached, in last_ce and last_embedding_loss (None: not computed)."""
         c = self.config
         out, E, enc = self.hidden_states(idx)
+        logits = self.head(out)
         if targets is None:
-            return self.head(out), None
-        logits = None
-        if return_logits or not self.fused_loss:
-            logits = self.head(out)
-            ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
-        else:  # train.py's fused_loss: the head and the loss in chunks of rows, each chunk's
-            # logits made again in the backward (checkpoint), so they are never all in memory
-            rows, ce = max(1, LOSS_CHUNK // c.vocab_size), 0.0
-            for o, t in zip(out.flatten(0, 1).split(rows), targets.view(-1).split(rows)):
-                ce = ce + checkpoint(self.chunk_ce, o, t, use_reentrant=False)
-            ce = ce / targets.numel()
-        loss = ce
+            return logits, None
+        loss = ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
         self.last_ce, self.last_embedding_loss = ce.detach(), None
         if self.training and c.embedding_loss_type != "NONE":
             emb = self.embedding_distance(*self.embedding_pair(E, enc))
             self.last_embedding_loss = emb.detach()
             loss = ce + c.embedding_loss_coeff * emb
         return logits if return_logits else None, loss
-
-    def chunk_ce(self, out, targets):  # out: (N, C), targets: (N,) -> the summed cross-entropy
-        return F.cross_entropy(self.head(out), targets, reduction="sum")
 
     # the AED's embedding loss (docs/model.md, Embedding loss)
     def embedding_pair(self, E, enc):

@@ -1005,38 +1005,6 @@ def test_vocab_padding_changes_no_output(arch):
 
 
 @pytest.mark.parametrize("arch", ["gpt", "aed"])
-def test_fused_loss_is_the_unfused_loss(arch, monkeypatch):
-    """train.py's fused_loss (the head and the loss in chunks of rows, each recomputed in the
-    backward) against F.cross_entropy of the full logits, float64, a padded wte, chunks of 7 rows
-    (48 rows: the last one short): the same training loss and every gradient, the padding rows
-    none; the same loss under no_grad and compiled (fullgraph)."""
-    monkeypatch.setattr(model, "LOSS_CHUNK", 7 * 50)
-    cfg, _, m = padded_pair(arch)
-    x, y = batch(cfg, B=6)
-    _, ref = m(x, y, return_logits=False)
-    ref.backward()
-    g_ref = grads(m)
-    m.zero_grad(set_to_none=True)
-    m.fused_loss = True
-    logits, loss = m(x, y, return_logits=False)
-    assert logits is None
-    torch.testing.assert_close(loss, ref, atol=1e-12, rtol=1e-12)
-    ce = F.cross_entropy(m(x)[0].reshape(-1, cfg.vocab_size), y.view(-1))
-    torch.testing.assert_close(m.last_ce, ce.detach(), atol=1e-12, rtol=1e-12)
-    loss.backward()
-    g = grads(m)
-    assert torch.all(g["wte.weight"][cfg.vocab_size:] == 0) and g["wte.weight"].abs().max() > 0
-    for name in g_ref:
-        torch.testing.assert_close(g[name], g_ref[name], atol=1e-12, rtol=1e-10, msg=name)
-    m.eval()
-    with torch.no_grad():
-        unfused = F.cross_entropy(m(x)[0].reshape(-1, cfg.vocab_size), y.view(-1))
-        for f in (m, torch.compile(m, backend="aot_eager", fullgraph=True)):
-            torch.testing.assert_close(f(x, y, return_logits=False)[1], unfused, atol=1e-12,
-                                       rtol=1e-12)
-
-
-@pytest.mark.parametrize("arch", ["gpt", "aed"])
 def test_vocab_padding_generates_the_same_tokens(arch):
     """A padded model generates what the unpadded one does, greedy and sampled with the same seed,
     with and without the KV cache: its logits are vocab_size wide, so a padding id can never be

@@ -50,7 +50,6 @@ batch_size = 50        # a step: batch_size x gradient_accumulation_steps sequen
 gradient_accumulation_steps = 16  # (estimates: batches of batch_size; split across DDP ranks)
 micro_batch = 200      # at most this many sequences a forward (0: batch_size), fewest forwards
 # model: every field of model.py's ModelConfig is a key too (arch, vocab_size, context_size, ...)
-vocab_pad_multiple = 0  # wte's rows up to a multiple of this (0: 64 on CUDA, aligned GEMMs; else 1)
 # AdamW optimizer
 lr = 9e-4              # peak learning rate
 beta1 = 0.9            # AdamW's betas
@@ -69,10 +68,9 @@ device = 'auto'        # 'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'c
 dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; float32 elsewhere)
 compile = True         # torch.compile the model (the CPU presets turn it off: docs/performance.md)
 compile_mode = 'auto'  # 'auto': reduce-overhead (CUDA graphs) on CUDA, else default
-fused_loss = False     # the head and cross-entropy in chunks, no logits in memory (docs/gpu.md)
 seed = 1337            # the init, the batches and dropout all follow from it
-DEFAULTS = collect_defaults(globals())  # then the model's fields, unless set above
-DEFAULTS |= {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.name not in DEFAULTS}
+DEFAULTS = {**collect_defaults(globals()),
+            **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
 # -----------------------------------------------------------------------------
 try:  # --help lists every key with its comment here or in model.py's ModelConfig
     config = load_config(DEFAULTS, sys.argv[1:], sources=[__file__, sys.modules['model'].__file__])
@@ -81,9 +79,7 @@ try:  # --help lists every key with its comment here or in model.py's ModelConfi
         config, ckpt, changes = resume_config(config['out_dir'], DEFAULTS, sys.argv[1:])
     globals().update(config)  # config keeps device 'auto': a resume on other hardware works
     device, device_type, dtype, autocast = resolve_device(device, dtype)
-    model_config = model_config_of(config, device_type)
-    # saved as resolved: a resume on other hardware builds the same rows
-    config['vocab_pad_multiple'] = model_config.vocab_pad_multiple
+    model_config = model_config_of(config)
 except (ConfigError, CheckpointError) as e:
     die(e)
 except (ValueError, TypeError) as e:
@@ -189,7 +185,6 @@ run.catch_signals()  # a signal or a lost DDP rank now waits for a save under wa
 # model init: the same weights on every rank (the same seed, or checkpoint)
 torch.manual_seed(seed)
 model = raw_model = build_model(model_config).to(device)  # raw: uncompiled
-raw_model.fused_loss = fused_loss
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # a no-op but with fp16
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 params = [p for p in model.parameters() if p.requires_grad]  # a frozen one gets no gradient

@@ -8,8 +8,7 @@
 #   <model>_profile   as it is, with torch.profiler over steps 14-16 (OUT/<run>/profile.json)
 #   <model>_nocudnn   cuDNN's attention off (the profile's second-largest kernel)
 #   <model>_shapepad  Inductor's force_shape_pad: GEMM sizes padded (the AED's width 150)
-#   <model>_nopad     --vocab_pad_multiple=1: the head's 50,257 rows (CUDA's default pads to 50,304)
-#   <model>_fused     --fused_loss=True: the head and the loss in chunks, no logits in memory
+#   <model>_pad64     --vocab_pad_multiple=64: the head's 50,257 rows padded to 50,304
 #   <model>_rank      one rank of the card's 8-GPU command: DDP on (the environment torchrun
 #                     --nproc_per_node=1 sets), 100 sequences a step in one forward, profiled
 #
@@ -24,7 +23,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
 RUNS=${RUNS:-out-gpu}
 DATA=${DATA:-data}
-ALL=(gpt_inductor aed_inductor gpt_rank aed_rank gpt_fused aed_fused gpt_nopad aed_nopad
+ALL=(gpt_inductor aed_inductor gpt_rank aed_rank gpt_pad64 aed_pad64
      gpt_nocudnn aed_nocudnn aed_shapepad gpt_profile aed_profile gpt_random aed_random gpt_aten
      aed_aten)
 ORDER=("${ALL[@]}")
@@ -53,8 +52,7 @@ for name in "${ORDER[@]}"; do
     cfg=$([ "${name%%_*}" = gpt ] && echo config/baseline.py || echo config/aed_mse_possub.py)
     way=${name#*_} data=wikipedia flags=() ddp=()
     [ "$way" = random ] && way=inductor data=random_ids
-    [ "$way" = nopad ] && way=inductor flags=(--vocab_pad_multiple=1)
-    [ "$way" = fused ] && way=inductor flags=(--fused_loss=True)
+    [ "$way" = pad64 ] && way=inductor flags=(--vocab_pad_multiple=64)
     [ "$way" = rank ] && way=profile flags=(--gradient_accumulation_steps=2) \
         ddp=(RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=localhost MASTER_PORT=29511)
     echo "=== $(date -u +%H:%M:%S) $name"

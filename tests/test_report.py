@@ -785,7 +785,7 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
     env = dict(gpu_script_env(tmp_path, 'experiments/gpu_probe.py', more=ranks), DATA=str(data),
                RUNS=str(tmp_path / 'runs'))
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_random', 'aed_aten',
-                        'gpt_profile', 'aed_nopad', 'gpt_nocudnn', 'gpt_fused', 'aed_rank',
+                        'gpt_profile', 'aed_pad64', 'gpt_nocudnn', 'aed_rank',
                         'aed_shapepad'],
                        cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
@@ -795,20 +795,19 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
         ('inductor', 'config/baseline.py', '--dataset=random_ids', '--overwrite=True'),
         ('aten', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--overwrite=True'),
         ('profile', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True'),
-        ('inductor', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--vocab_pad_multiple=1'),
+        ('inductor', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--vocab_pad_multiple=64'),
         ('nocudnn', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True'),
-        ('inductor', 'config/baseline.py', '--dataset=wikipedia', '--fused_loss=True'),
         ('profile', 'config/aed_mse_possub.py', '--dataset=wikipedia',
          '--gradient_accumulation_steps=2'),
         ('shapepad', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--overwrite=True')]
     # the rank run alone as one rank of a DDP run (the one GPU's share of the card's command)
     assert (tmp_path / 'ranks').read_text() == '0 1 profile\n'
     assert calls[2][2] == f"{tmp_path}/out/gpt_profile/profile.json"
-    assert [c[6] for c in calls] == [f'--data_dir={data}'] * 8
+    assert [c[6] for c in calls] == [f'--data_dir={data}'] * 7
     assert (os.path.getsize(data / 'random_ids' / 'train.bin') == 6000
             and (tmp_path / 'runs' / 'train_step' / 'gpt_random' / 'summary.json').is_file())
     table = (tmp_path / 'out.md').read_text()
-    assert all(f'| {r} |' in table for r in ('gpt_random', 'aed_aten', 'aed_nopad')), table
+    assert all(f'| {r} |' in table for r in ('gpt_random', 'aed_aten', 'aed_pad64')), table
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_fast'], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and 'unknown run gpt_fast' in p.stderr

@@ -222,7 +222,7 @@ def test_readme_fits_and_cites_what_it_reproduces():
     assert 'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' in readme
 
 
-CORE_BUDGET = dict(code=73_600, train_lines=400)  # the core may not grow past these
+CORE_BUDGET = dict(code=72_000, train_lines=400)  # the core may not grow past these
 
 
 def code_bytes(src):
@@ -759,44 +759,6 @@ def test_torchrun_two_processes_match_one(tmp_path):
     assert p.returncode == 0, p.stderr
     c = load_ckpt(same)
     assert max((b['model'][k] - c['model'][k]).abs().max() for k in c['model']) > 1e-3
-
-
-def test_fused_loss_trains_as_the_unfused(tmp_path):
-    """--fused_loss (the head and the loss in chunks, no logits kept) trains the run that the full
-    logits do, up to float32 rounding: the logged losses, the estimates and the weights."""
-    data = make_data(tmp_path)
-    common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=6', '--est_interval=3']
-    runs = {}
-    for fused in (False, True):
-        out = str(tmp_path / str(fused))
-        p = run('train.py', *common, f'--fused_loss={fused}', f'--out_dir={out}')
-        assert p.returncode == 0, p.stderr
-        runs[fused] = read_log(out), load_ckpt(out)
-    (log_a, a), (log_b, b) = runs[False], runs[True]
-    assert b['config']['fused_loss'] and not a['config']['fused_loss']
-    for ra, rb in zip(log_a, log_b):
-        for k in ('loss', 'ce', 'emb', 'train', 'val'):
-            if isinstance(ra.get(k), float):
-                assert abs(ra[k] - rb[k]) < 1e-5, (k, ra, rb)
-    same_weights(a['model'], b['model'], atol=1e-5)
-    assert len(log_a) == len(log_b) and sum(r['type'] == 'step' for r in log_b) == 6
-
-
-def test_vocab_padding_default_is_64_on_cuda_only(tmp_path):
-    """vocab_pad_multiple 0 (train.py's default) pads wte to 64 rows on CUDA, none elsewhere; a run
-    saves the value it used, so a resume on other hardware builds the same rows."""
-    from checkpoint import model_config_of
-    assert train_defaults()['vocab_pad_multiple'] == 0
-    assert model_config_of({'vocab_pad_multiple': 0}, 'cuda').vocab_pad_multiple == 64
-    assert model_config_of({'vocab_pad_multiple': 0}).vocab_pad_multiple == 1
-    assert model_config_of({'vocab_pad_multiple': 8}, 'cuda').vocab_pad_multiple == 8
-    data = make_data(tmp_path)
-    out = str(tmp_path / 'out')
-    p = run('train.py', *TINY, '--vocab_size=1040', f'--data_dir={data}', '--dataset=tiny',
-            '--train_steps=1', f'--out_dir={out}')
-    assert p.returncode == 0, p.stderr
-    ckpt = load_ckpt(out)
-    assert ckpt['config']['vocab_pad_multiple'] == 1 and ckpt['model']['wte.weight'].size(0) == 1040
 
 
 # ----------------------------------------------------------------------------- the lr schedule
