@@ -114,8 +114,8 @@ def test_a_parameter_frozen_after_the_checkpoint_resumes(tmp_path):
     p = run(fork(tmp_path, FREEZE), 'train.py', *common, '--init_from=resume', '--train_steps=4')
     assert [line for line in p.stderr.splitlines() if 'AdamW' in line] == [
         "warning: the optimizer state does not fit (ValueError: loaded state dict contains a "
-        "parameter group "
-        "that doesn't match the size of optimizer's group): AdamW starts afresh"], p.stderr
+        "parameter group that doesn't match the size of optimizer's group): AdamW starts afresh"
+    ], p.stderr
     end = weights(out)
     assert torch.equal(start['wpe.weight'], end['wpe.weight'])
     assert not torch.equal(start['wte.weight'], end['wte.weight'])

@@ -785,10 +785,8 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
     env = dict(gpu_script_env(tmp_path, 'experiments/gpu_probe.py', more=ranks), DATA=str(data),
                RUNS=str(tmp_path / 'runs'))
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_random', 'aed_aten',
-                        'gpt_profile', 'aed_pad64', 'gpt_nocudnn', 'aed_rank',
-                        'aed_shapepad'],
-                       cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+                        'gpt_profile', 'aed_pad64', 'gpt_nocudnn', 'aed_rank', 'aed_shapepad'],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     calls = [c.split() for c in (tmp_path / 'calls').read_text().splitlines()]
     assert [(c[1], c[5], c[7], c[-1]) for c in calls] == [
