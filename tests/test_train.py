@@ -219,7 +219,9 @@ def test_readme_fits_and_cites_what_it_reproduces():
     # the quick start's commands paste into bash: no placeholder, no quote left open
     for line in re.search(r'## Quick start.*?```sh\n(.*?)```', readme, re.S)[1].splitlines():
         assert '<' not in line and shlex.split(line, comments=True), line
-    assert 'pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' in readme
+    assert "CPU build with the command PyTorch's \"Get started\" page gives" in readme
+    assert set(re.findall(r'https?://([^/\s]+)', readme)) == {'github.com'}  # no index's host
+    assert 'pip install -r requirements.txt\n' in readme
 
 
 CORE_BUDGET = dict(code=72_000, train_lines=400)  # the core may not grow past these
