@@ -11,6 +11,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 import numpy as np
+import pytest
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -1015,3 +1016,24 @@ echo '{{"status": "finished", "train_steps": 5600, "whole_val_last": '$2',' \\
     # best early enough but rising too little, in both: the script stops, no pair
     p, calls = study('c', '3000 1.445 1.44', '3000 1.505 1.50')
     assert p.returncode == 1 and 'neither pilot overfits' in p.stdout and len(calls) == 2
+
+
+def test_stall_probe_measures_what_it_says():
+    """experiments/stall.py: position's share is 1 for a state that only position sets, 0 for one
+    that only the text sets; its embedding loss is the one the model trains on (dropout 0)."""
+    import stall
+    from model import ModelConfig, build_model
+    by_pos, by_text = torch.randn(1, 16, 8).expand(4, 16, 8), torch.randn(4, 1, 8).expand(4, 16, 8)
+    assert stall.position_share(by_pos) == pytest.approx(1.0)
+    assert stall.position_share(by_text) == pytest.approx(0.0, abs=1e-6)
+    torch.manual_seed(0)
+    c = dict(arch='aed', vocab_size=64, context_size=16, n_embed=32, n_layer=2, n_head=4,
+             embedding_loss_type='MSE', embedding_ln_type='INIT', embedding_loss_coeff=8.0)
+    m = build_model(ModelConfig(**c))
+    x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    got = stall.probe(m, x, y)
+    m.train()
+    _, loss = m(x, y)
+    assert got['emb'] == pytest.approx(float(m.last_embedding_loss), rel=1e-5)
+    assert got['ce'] == pytest.approx(float(m.last_ce), rel=1e-5)
+    assert 0 < got['enc'] < 1 and 0 < got['out'] < 1

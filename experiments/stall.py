@@ -1,0 +1,79 @@
+"""
+Why the byte AED can stall at the 1-gram floor: trains the overfitting study's AED
+(config/bytes_aed_mse_possub.py on the first 500,000 bytes) for its first steps at each seed, then
+measures on 64 windows of val.bin: the ce, the embedding loss, and how much of the variance of the
+encoder's output (enc) and of the state before the head (out) is position's alone (1: the state is
+the same for every text at a position; the decoder sees the tokens only through enc).
+
+$ python experiments/stall.py                      # seeds 3 and 2, 100 steps: ~7 min, one thread
+$ python experiments/stall.py --seeds=3,2,4 --steps=200
+
+Needs data/wikipedia_bytes (python prepare.py --tokenizer=bytes). The runs go in a temporary folder.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from checkpoint import load  # noqa: E402
+from model import build_model  # noqa: E402
+
+
+def position_share(h):
+    """h: (B, T, C) -> the share of h's variance (over texts and positions) that is position's."""
+    total = h.var(dim=(0, 1), unbiased=False).sum()
+    within = h.var(dim=0, unbiased=False).sum(-1).mean()  # across texts, at each position
+    return float(1 - within / total)
+
+
+def probe(model, x, y):
+    """The ce, embedding loss and position's shares of a model on windows x, targets y (B, T)."""
+    model.eval()
+    with torch.no_grad():
+        out, E, enc = model.hidden_states(x)  # (B, T, C) each
+        ce = F.cross_entropy(model.head(out).flatten(0, 1), y.flatten())
+        emb = model.embedding_distance(*model.embedding_pair(E, enc))
+    return dict(ce=float(ce), emb=float(emb), enc=position_share(enc), out=position_share(out))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    p.add_argument('--seeds', default='3,2')
+    p.add_argument('--steps', type=int, default=100)
+    args = p.parse_args()
+    path = os.path.join(ROOT, 'data', 'wikipedia_bytes', 'val.bin')
+    if not os.path.isfile(path):
+        sys.exit(f"error: no {path}: run python prepare.py --tokenizer=bytes first")
+    val = np.memmap(path, np.uint16, mode='r')
+    ix = np.random.default_rng(0).integers(0, len(val) - 257, 64)
+    rows = torch.from_numpy(np.stack([val[i:i + 257] for i in ix]).astype(np.int64))
+    x, y = rows[:, :-1], rows[:, 1:]
+    print("| seed | step | ce | embedding loss | position's share of enc | of out |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds.split(','):
+            out_dir = os.path.join(tmp, seed)
+            cmd = [sys.executable, 'train.py', 'config/bytes_aed_mse_possub.py', f'--seed={seed}',
+                   '--train_tokens=500000', f'--train_steps={args.steps}',
+                   f'--est_interval={args.steps}', f'--out_dir={out_dir}']
+            r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                               env={**os.environ, 'OMP_NUM_THREADS': '1'})
+            if r.returncode:
+                sys.exit(f"train.py failed at seed {seed}: {r.stderr.strip().splitlines()[-1]}")
+            ckpt, config = load(os.path.join(out_dir, 'ckpt_last.pt'))
+            model = build_model(config)
+            model.load_state_dict(ckpt['model'])
+            m = probe(model, x, y)
+            print(f"| {seed} | {args.steps} | {m['ce']:.3f} | {m['emb']:.2e} | {m['enc']:.2f} "
+                  f"| {m['out']:.2f} |", flush=True)
+
+
+if __name__ == '__main__':
+    main()
