@@ -9,6 +9,9 @@ train.py under a probe, for experiments/gpu_train_step.sh: python experiments/gp
             torch.cuda.synchronize): GPU busy share, idle gaps and the kernels, into OUT_JSON
   nocudnn   cuDNN's attention off: scaled_dot_product_attention takes another of its kernels
   shapepad  Inductor pads every GEMM's sizes to aligned ones (force_shape_pad: the AED's width 150)
+  fused     the training loss's head and cross-entropy in chunks of rows, each chunk's logits made
+            again in the backward (checkpoint): the logits are never all in memory. At most
+            PROBE_LOSS_CHUNK logits a chunk (default 2^27: 512 MiB in fp32)
 """
 import json
 import os
@@ -19,7 +22,7 @@ import tempfile
 import torch
 import torch.nn.functional as F
 
-WAYS = ("inductor", "aten", "profile", "nocudnn", "shapepad")
+WAYS = ("inductor", "aten", "profile", "nocudnn", "shapepad", "fused")
 head = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else []
 if not 1 <= len(head) <= 2 or head[0] not in WAYS or head[0] == "profile" and len(head) < 2:
     sys.exit(f"usage: python experiments/gpu_probe.py WAY [OUT_JSON] -- train.py ARGS... (WAY: one "
@@ -79,6 +82,32 @@ def summarize(prof):
                    "steps": steps}, f, indent=1)
 
 
+if way == "fused":
+    from torch.utils.checkpoint import checkpoint
+    import model
+    forward, chunk = model.Transformer.forward, int(os.environ.get("PROBE_LOSS_CHUNK", 2 ** 27))
+
+    def chunk_ce(self, out, targets):  # out: (N, C), targets: (N,) -> the summed cross-entropy
+        return F.cross_entropy(self.head(out), targets, reduction="sum")
+
+    def fused_forward(self, idx, targets=None, return_logits=True):
+        """model.py's forward when it returns the loss alone (train.py's step and estimates)."""
+        if targets is None or return_logits:
+            return forward(self, idx, targets, return_logits)
+        c = self.config
+        out, E, enc = self.hidden_states(idx)
+        rows, ce = max(1, chunk // c.vocab_size), 0.0
+        for o, t in zip(out.flatten(0, 1).split(rows), targets.view(-1).split(rows)):
+            ce = ce + checkpoint(chunk_ce, self, o, t, use_reentrant=False)
+        loss = ce = ce / targets.numel()
+        self.last_ce, self.last_embedding_loss = ce.detach(), None
+        if self.training and c.embedding_loss_type != "NONE":  # as model.py's forward
+            emb = self.embedding_distance(*self.embedding_pair(E, enc))
+            self.last_embedding_loss = emb.detach()
+            loss = ce + c.embedding_loss_coeff * emb
+        return None, loss
+
+    model.Transformer.forward = fused_forward
 if way == "nocudnn":
     torch.backends.cuda.enable_cudnn_sdp(False)
 if way == "shapepad":

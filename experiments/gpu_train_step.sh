@@ -9,6 +9,7 @@
 #   <model>_nocudnn   cuDNN's attention off (the profile's second-largest kernel)
 #   <model>_shapepad  Inductor's force_shape_pad: GEMM sizes padded (the AED's width 150)
 #   <model>_pad64     --vocab_pad_multiple=64: the head's 50,257 rows padded to 50,304
+#   <model>_fused     the head and the loss in chunks, the logits never all in memory
 #   <model>_rank      one rank of the card's 8-GPU command: DDP on (the environment torchrun
 #                     --nproc_per_node=1 sets), 100 sequences a step in one forward, profiled
 #
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:?set OUT to a folder for the results}
 RUNS=${RUNS:-out-gpu}
 DATA=${DATA:-data}
-ALL=(gpt_inductor aed_inductor gpt_rank aed_rank gpt_pad64 aed_pad64
+ALL=(gpt_inductor aed_inductor gpt_rank aed_rank gpt_fused aed_fused gpt_pad64 aed_pad64
      gpt_nocudnn aed_nocudnn aed_shapepad gpt_profile aed_profile gpt_random aed_random gpt_aten
      aed_aten)
 ORDER=("${ALL[@]}")

@@ -786,7 +786,8 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
     env = dict(gpu_script_env(tmp_path, 'experiments/gpu_probe.py', more=ranks), DATA=str(data),
                RUNS=str(tmp_path / 'runs'))
     p = subprocess.run(['bash', 'experiments/gpu_train_step.sh', 'gpt_random', 'aed_aten',
-                        'gpt_profile', 'aed_pad64', 'gpt_nocudnn', 'aed_rank', 'aed_shapepad'],
+                        'gpt_profile', 'aed_pad64', 'gpt_nocudnn', 'aed_rank', 'aed_shapepad',
+                        'gpt_fused'],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     calls = [c.split() for c in (tmp_path / 'calls').read_text().splitlines()]
@@ -798,11 +799,12 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
         ('nocudnn', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True'),
         ('profile', 'config/aed_mse_possub.py', '--dataset=wikipedia',
          '--gradient_accumulation_steps=2'),
-        ('shapepad', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--overwrite=True')]
+        ('shapepad', 'config/aed_mse_possub.py', '--dataset=wikipedia', '--overwrite=True'),
+        ('fused', 'config/baseline.py', '--dataset=wikipedia', '--overwrite=True')]
     # the rank run alone as one rank of a DDP run (the one GPU's share of the card's command)
     assert (tmp_path / 'ranks').read_text() == '0 1 profile\n'
     assert calls[2][2] == f"{tmp_path}/out/gpt_profile/profile.json"
-    assert [c[6] for c in calls] == [f'--data_dir={data}'] * 7
+    assert [c[6] for c in calls] == [f'--data_dir={data}'] * 8
     assert (os.path.getsize(data / 'random_ids' / 'train.bin') == 6000
             and (tmp_path / 'runs' / 'train_step' / 'gpt_random' / 'summary.json').is_file())
     table = (tmp_path / 'out.md').read_text()
@@ -1037,3 +1039,35 @@ def test_stall_probe_measures_what_it_says():
     assert got['emb'] == pytest.approx(float(m.last_embedding_loss), rel=1e-5)
     assert got['ce'] == pytest.approx(float(m.last_ce), rel=1e-5)
     assert 0 < got['enc'] < 1 and 0 < got['out'] < 1
+
+
+def test_gpu_probe_fused_way_is_the_loss_and_gradients_of_the_logits(tmp_path):
+    """experiments/gpu_probe.py fused: the training loss from the head in chunks of rows (7 rows of
+    64 logits, a short last chunk) is model.py's loss, its gradients the same, in float64, for the
+    GPT and the AED (its embedding loss too); with logits asked for, model.py's own forward."""
+    (tmp_path / 'train.py').write_text('''
+import torch
+from model import ModelConfig, build_model
+torch.set_default_dtype(torch.float64)
+for arch, kw in (("gpt", {}), ("aed", dict(embedding_loss_type="MSE", embedding_loss_coeff=8.0,
+                                         sub_pos_embed_to_decoder="YES_NO_LN"))):
+    torch.manual_seed(0)
+    m = build_model(ModelConfig(arch=arch, n_layer=1, n_embed=16, n_head=2, context_size=8,
+                                vocab_size=64, vocab_pad_multiple=80, **kw))
+    x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+    def run(return_logits):
+        m.zero_grad()
+        logits, loss = m(x, y, return_logits=return_logits)
+        loss.backward()
+        return logits, loss, [p.grad.clone() for p in m.parameters()]
+    (logits, full, g_full), (none, fused, g_fused) = run(True), run(False)
+    ok = logits is not None and none is None and abs(full.item() - fused.item()) < 1e-12 and all(
+        torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(g_full, g_fused))
+    print(arch, ok, m.last_embedding_loss is not None)
+''')
+    env = dict(os.environ, PYTHONPATH=ROOT, PROBE_LOSS_CHUNK=str(7 * 64))
+    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'fused', '--',
+                        'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split('\n')[:2] == ['gpt True False', 'aed True True'], p.stdout
