@@ -48,6 +48,8 @@ def main():
     p.add_argument('--seeds', default='3,2')
     p.add_argument('--steps', type=int, default=100)
     args = p.parse_args()
+    if args.steps < 1:
+        p.error(f"--steps must be at least 1, got {args.steps}")
     path = os.path.join(ROOT, 'data', 'wikipedia_bytes', 'val.bin')
     if not os.path.isfile(path):
         sys.exit(f"error: no {path}: run python prepare.py --tokenizer=bytes first")
@@ -66,7 +68,8 @@ def main():
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                                env={**os.environ, 'OMP_NUM_THREADS': '1'})
             if r.returncode:
-                sys.exit(f"train.py failed at seed {seed}: {r.stderr.strip().splitlines()[-1]}")
+                why = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+                sys.exit(f"error: train.py failed at seed {seed}: {why.removeprefix('error: ')}")
             ckpt, config = load(os.path.join(out_dir, 'ckpt_last.pt'))
             model = build_model(config)
             model.load_state_dict(ckpt['model'])

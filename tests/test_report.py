@@ -1039,6 +1039,10 @@ def test_stall_probe_measures_what_it_says():
     assert got['emb'] == pytest.approx(float(m.last_embedding_loss), rel=1e-5)
     assert got['ce'] == pytest.approx(float(m.last_ce), rel=1e-5)
     assert 0 < got['enc'] < 1 and 0 < got['out'] < 1
+    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'stall.py'), '--steps=0'],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1] == (
+        'stall.py: error: --steps must be at least 1, got 0')
 
 
 def test_gpu_probe_fused_way_is_the_loss_and_gradients_of_the_logits(tmp_path):
