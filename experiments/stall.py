@@ -7,11 +7,16 @@ the same for every text at a position; the decoder sees the tokens only through 
 
 $ python experiments/stall.py                      # seeds 3 and 2, 100 steps: ~7 min, one thread
 $ python experiments/stall.py --seeds=3,2,4 --steps=200
+$ python experiments/stall.py --rate=experiments/bytes_stall  # how often: a table of the runs
 
 Needs data/wikipedia_bytes (python prepare.py --tokenizer=bytes). The runs go in a temporary folder.
 """
 import argparse
+import glob
+import json
+import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,11 +48,64 @@ def probe(model, x, y):
     return dict(ce=float(ce), emb=float(emb), enc=position_share(enc), out=position_share(out))
 
 
+STALL = 3.0  # the rule, declared first: a val estimate of 3.0 or more at step 400
+STALL_STEP = 400
+
+
+def binomial_interval(k, n, alpha=0.05):
+    """The exact (Clopper-Pearson) interval of a rate of k in n, by bisection on the binomial."""
+    def tail(p, lo):  # P(X >= k) if lo else P(X <= k), X ~ Binomial(n, p)
+        ks = range(k, n + 1) if lo else range(0, k + 1)
+        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in ks)
+
+    def solve(f):  # the p where f(p) = alpha / 2, f increasing in p
+        a, b = 0.0, 1.0
+        for _ in range(60):
+            m = (a + b) / 2
+            a, b = (m, b) if f(m) < alpha / 2 else (a, m)
+        return (a + b) / 2
+    lower = 0.0 if k == 0 else solve(lambda p: tail(p, True))
+    upper = 1.0 if k == n else solve(lambda p: -tail(p, False) + alpha)
+    return lower, upper
+
+
+def rate_table(res, of=0):
+    """The stall rule applied to each finished run in res, by arm (the name without _seed<n>)."""
+    arms = {}
+    for path in sorted(glob.glob(os.path.join(res, '*', 'log.jsonl'))):
+        name = os.path.basename(os.path.dirname(path))
+        est = {r['step']: r['val'] for r in map(json.loads, open(path)) if r['type'] == 'est'}
+        if STALL_STEP in est:
+            arms.setdefault(re.sub(r'_seed\d+$', '', name), []).append((name, est))
+    n_runs = sum(map(len, arms.values()))
+    lines = [f"{n_runs} of {of or n_runs} runs finished.", "",
+             "| arm | runs | stalled | rate | 95% interval (exact) | val at 400, the others |",
+             "|---|---|---|---|---|---|"]
+    stalled = []
+    for arm, runs in arms.items():
+        bad = [(name, est) for name, est in runs if est[STALL_STEP] >= STALL]
+        ok = [est[STALL_STEP] for name, est in runs if est[STALL_STEP] < STALL]
+        lo, hi = binomial_interval(len(bad), len(runs))
+        spread = f"{min(ok):.3f}-{max(ok):.3f}" if ok else "-"
+        lines.append(f"| {arm} | {len(runs)} | {len(bad)} | {len(bad) / len(runs):.1%} "
+                     f"| [{lo:.1%}, {hi:.1%}] | {spread} |")
+        stalled += bad
+    for name, est in stalled:
+        lines.append(f"\nStalled: {name}, val estimate "
+                     + ", ".join(f"{v:.3f} at step {s}" for s, v in sorted(est.items())) + ".")
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument('--seeds', default='3,2')
     p.add_argument('--steps', type=int, default=100)
+    p.add_argument('--rate', help="a study's folder of runs: the stall rule's table, nothing run")
+    p.add_argument('--of', type=int, default=0, help="the runs the study has in all")
     args = p.parse_args()
+    if args.rate:
+        print(rate_table(args.rate, args.of))
+        return
     if args.steps < 1:
         p.error(f"--steps must be at least 1, got {args.steps}")
     path = os.path.join(ROOT, 'data', 'wikipedia_bytes', 'val.bin')

@@ -1007,13 +1007,13 @@ echo '{{"status": "finished", "train_steps": 5600, "whole_val_last": '$2',' \\
     assert p.returncode == 0, p.stdout + p.stderr
     assert 'the 700,000-byte pilot overfits: no (best estimate at step 4,800' in p.stdout
     assert 'the 500,000-byte pilot overfits: yes (best estimate at step 3,800' in p.stdout
-    assert len(calls) == 12 and all('--train_tokens=500000' in c for c in calls[1:])
+    assert len(calls) == 22 and all('--train_tokens=500000' in c for c in calls[1:])
     assert sorted(c.split('--seed=')[1].split()[0] for c in calls[2:]) == sorted(
-        ['1337', '2', '3', '4', '5'] * 2)
-    assert sum('bytes_aed_mse_possub' in c for c in calls) == 5
+        ['1337', '2', '3', '4', '5', '6', '7', '8', '9', '10'] * 2)
+    assert sum('bytes_aed_mse_possub' in c for c in calls) == 10
     # 700k passes: no adjustment, the pair on 700k
     p, calls = study('b', '3800 1.46 1.44', '3800 1.6 1.5')
-    assert p.returncode == 0 and len(calls) == 11, p.stdout + p.stderr
+    assert p.returncode == 0 and len(calls) == 21, p.stdout + p.stderr
     assert all('--train_tokens=700000' in c for c in calls)
     # best early enough but rising too little, in both: the script stops, no pair
     p, calls = study('c', '3000 1.445 1.44', '3000 1.505 1.50')
@@ -1075,3 +1075,23 @@ for arch, kw in (("gpt", {}), ("aed", dict(embedding_loss_type="MSE", embedding_
                        timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split('\n')[:2] == ['gpt True False', 'aed True True'], p.stdout
+
+
+def test_stall_rate_table_applies_the_declared_rule(tmp_path):
+    """experiments/stall.py --rate: a run stalls at a val estimate >= 3.0 at step 400 (not at
+    another step), by arm; the rate's exact 95% interval is Clopper-Pearson's."""
+    sys.path.insert(0, os.path.join(ROOT, 'experiments'))
+    import stall
+    assert stall.binomial_interval(0, 40) == pytest.approx((0.0, 1 - 0.025 ** (1 / 40)))
+    assert stall.binomial_interval(5, 20) == pytest.approx((0.0866, 0.4910), abs=1e-4)
+    runs = {'aed_seed11': {200: 3.1, 400: 3.0}, 'aed_seed12': {200: 3.2, 400: 2.49},
+            'aed_seed13': {400: 2.51}, 'gpt_seed11': {400: 2.41}, 'gpt_seed12': {200: 2.6}}
+    for name, est in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / 'log.jsonl').write_text(''.join(
+            json.dumps({'type': 'est', 'step': s, 'val': v}) + '\n' for s, v in est.items()))
+    table = stall.rate_table(str(tmp_path), of=6)
+    assert table.startswith('4 of 6 runs finished.')  # gpt_seed12 has no estimate at 400
+    assert '| aed | 3 | 1 | 33.3% | [0.8%, 90.6%] | 2.490-2.510 |' in table
+    assert '| gpt | 1 | 0 | 0.0% | [0.0%, 97.5%] | 2.410-2.410 |' in table
+    assert 'Stalled: aed_seed11, val estimate 3.100 at step 200, 3.000 at step 400.' in table
