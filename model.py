@@ -22,6 +22,11 @@ ENUMS = {"arch": ("gpt", "aed"), "order_type": ("ORIGINAL", "ALT"),
 EMBEDDING_LOSS_DEFAULTS = {"embedding_loss_coeff": 1.0, "detach_type": "ENCODER_OUT",
                            "embedding_ln_type": "INIT", "use_ln_on_encoder_out": True,
                            "embedding_ln_affine": True}
+AED_ONLY = ("n_decoder_layer", "cross_attn_n_head", "cross_attn_use_bias", "order_type",
+            "add_ln_before_decoder_ff", "add_pos_embed_to_decoder", "embedding_loss_type",
+            *EMBEDDING_LOSS_DEFAULTS)
+COUNTS = ("vocab_size", "vocab_pad_multiple", "context_size", "n_embed", "n_layer", "n_head",
+          "n_decoder_layer", "cross_attn_n_head")  # each >= 1 (another int may be 0)
 Opt = typing.Optional
 
 
@@ -53,16 +58,19 @@ class ModelConfig:
     embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias
 
     def __post_init__(self):
-        for f in fields(self):  # in order: arch, the counts, the loss type before what they rule
-            name, v, types = f.name, getattr(self, f.name), typing.get_args(f.type) or (f.type,)
-            if type(v) is int and float in types:
-                setattr(self, name, v := float(v))
-            # type(), not isinstance: True is not an int here; every int is a count
-            if type(v) not in types or v is not None and (v not in ENUMS.get(name, (v,))
-                                                          or int in types and v < 1):
-                kinds = ENUMS.get(name) or [t.__name__.replace("NoneType", "None") for t in types]
-                raise ValueError(f"{name} must be {' or '.join(kinds)}"
-                                 f"{' (>= 1)' if int in types else ''}, got {v!r}")
+        for f in fields(self):  # in order: arch before AED options, loss type before its options
+            name, v = f.name, getattr(self, f.name)
+            types = typing.get_args(f.type) or (f.type,)  # Opt[int]: (int, NoneType)
+            if type(v) is int and float in types:  # 8 for a float: 8.0
+                v = float(v)
+                setattr(self, name, v)
+            if type(v) not in types:  # type(), not isinstance: True is not an int here
+                kinds = " or ".join(t.__name__.replace("NoneType", "None") for t in types)
+                raise ValueError(f"{name} must be {kinds}, got {v!r}")
+            if name in ENUMS and v is not None and v not in ENUMS[name]:
+                raise ValueError(f"{name} must be {' or '.join(ENUMS[name])}, got {v!r}")
+            if name in COUNTS and v is not None and v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v!r}")
             off = None  # why the field must stay at its default, if it must
             if self.arch == "gpt" and name in AED_ONLY:
                 off = "arch is gpt (an AED option)"
@@ -71,19 +79,15 @@ class ModelConfig:
             if off and v != f.default:
                 raise ValueError(f"{name} must stay {f.default!r} while {off}")
             if v is None and not off:  # None means the default
-                setattr(self, name, dict(EMBEDDING_LOSS_DEFAULTS, n_decoder_layer=self.n_layer,
-                                         cross_attn_n_head=2 * self.n_head,
-                                         cross_attn_use_bias=self.use_bias).get(name))
+                derived = dict(n_decoder_layer=self.n_layer, cross_attn_n_head=2 * self.n_head,
+                               cross_attn_use_bias=self.use_bias)
+                setattr(self, name, {**EMBEDDING_LOSS_DEFAULTS, **derived}.get(name))
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
         for name in ("n_head", "cross_attn_n_head"):
-            if (heads := getattr(self, name)) and self.n_embed % heads:
+            heads = getattr(self, name)
+            if heads and self.n_embed % heads:
                 raise ValueError(f"n_embed ({self.n_embed}) must be divisible by {name} ({heads})")
-
-
-AED_ONLY = ("n_decoder_layer", "cross_attn_n_head", "cross_attn_use_bias", "order_type",
-            "add_ln_before_decoder_ff", "add_pos_embed_to_decoder", "embedding_loss_type",
-            *EMBEDDING_LOSS_DEFAULTS)
 
 
 def layer_norm(c):
@@ -109,8 +113,11 @@ class Attention(nn.Module):
         # x: (B, T, C); enc: (B, T, C) the normed encoder output (cross-attention); pos: (T,) their
         # slots in cache
         B, T, C = x.size()
-        q, k, v = (self.c_attn(x).split(C, dim=2) if enc is None else
-                   (self.q_proj(x), *self.kv_proj(enc).split(C, dim=2)))
+        if enc is None:  # self-attention
+            q, k, v = self.c_attn(x).split(C, dim=2)
+        else:  # cross-attention: queries from the decoder, keys and values from enc
+            q = self.q_proj(x)
+            k, v = self.kv_proj(enc).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is None:
             p = self.resid_dropout.p if self.training else 0.0  # the author's also did in eval
@@ -204,17 +211,19 @@ class Transformer(nn.Module):
         self.attention_layers = [m for m in self.modules() if isinstance(m, Attention)]
         for i, m in enumerate(self.attention_layers):  # each one's slot in a KVCache
             m.layer_idx = i
-        # the 2-D parameters (Linear, Embedding weights) ~ N(0, 0.02), biases 0, LayerNorm weights 1
-        for name, p in self.named_parameters():
-            if p.dim() > 1:
-                nn.init.normal_(p, 0.0, 0.02)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
+        self.apply(self._init_weights)
         for name, p in self.named_parameters():  # residual projections: by their stream's depth
             if name.endswith("c_proj.weight"):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * depth))
         self.last_ce = self.last_embedding_loss = self.compiled_decode_step = None
+
+    def _init_weights(self, module):
+        # by module type, as nanoGPT: a parameter of a fork's own keeps the init it was made with
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def get_num_params(self):
         """As the author counts: the tied wte once, without wpe (and without wte's padding rows)."""
@@ -332,8 +341,10 @@ class Transformer(nn.Module):
         # a copy: a view into the growing idx would bring a new stride (a recompile)
         new = window[:, cache.pos:].clone(memory_format=torch.contiguous_format)
         pos = torch.arange(cache.pos, cache.pos + new.size(1), device=idx.device)
+        step = self.last_logits
         # the first call fills (allocates) the cache; then single tokens may take the compiled step
-        step = new.size(1) == 1 and cache.pos and self.compiled_decode_step or self.last_logits
+        if new.size(1) == 1 and cache.pos > 0 and self.compiled_decode_step is not None:
+            step = self.compiled_decode_step
         cache.pos += new.size(1)
         return step(new, cache, pos)
 

@@ -1197,6 +1197,64 @@ def test_init(arch, n_layer, n_decoder_layer):
     assert n_resid == (2 * n_layer + 3 * n_dec if arch == "aed" else 2 * n_layer)
 
 
+@pytest.mark.parametrize("arch", ["gpt", "aed"])
+def test_init_draws_in_parameter_order(monkeypatch, arch):
+    """Init goes by module type, with the same draws in the same order as a rule by parameter
+    (every 2-D parameter ~ N(0, 0.02) in named_parameters order, then the residual projections):
+    a seed's model is the one it always was."""
+    states = []
+    init = model.Transformer._init_weights
+    monkeypatch.setattr(model.Transformer, "_init_weights", lambda self, module: (
+        states or states.append(torch.get_rng_state()), init(self, module)))
+    cfg = tiny(arch=arch, use_bias=True, sub_pos_embed_to_decoder="YES_LN",
+               **(dict(embedding_loss_type="MSE", add_ln_before_decoder_ff=True,
+                       n_decoder_layer=3) if arch == "aed" else {}))
+    m = make(cfg, scramble=False)
+    torch.set_rng_state(states[0])  # as it was before the first module's init
+    want = {}
+    for name, p in m.named_parameters():
+        want[name] = torch.empty_like(p).normal_(0.0, 0.02) if p.dim() > 1 else \
+            torch.zeros_like(p) if name.endswith("bias") else torch.ones_like(p)
+    for name, p in m.named_parameters():
+        if name.endswith("c_proj.weight"):
+            depth = cfg.n_decoder_layer if name.startswith("decoder_blocks.") else cfg.n_layer
+            want[name] = torch.empty_like(p).normal_(0.0, 0.02 / math.sqrt(2 * depth))
+    for name, p in m.named_parameters():
+        assert torch.equal(p, want[name]), name
+
+
+def test_a_forks_own_parameter_keeps_its_init(monkeypatch):
+    """A parameter a fork adds outside a Linear or Embedding (a 2-D matrix, a 1-D '...bias') keeps
+    the values it was made with; the model's own are drawn as without it."""
+    block_init = model.Block.__init__
+
+    def fork_init(self, c, cross_attn=False):
+        block_init(self, c, cross_attn)
+        self.mix = torch.nn.Parameter(torch.eye(c.n_embed))
+        self.gate_bias = torch.nn.Parameter(torch.full((c.n_embed,), 0.5))
+    plain = make(tiny(), scramble=False).state_dict()
+    monkeypatch.setattr(model.Block, "__init__", fork_init)
+    forked = make(tiny(), scramble=False).state_dict()
+    for name, p in forked.items():
+        if name.endswith(".mix"):
+            assert torch.equal(p, torch.eye(32)), name
+        elif name.endswith(".gate_bias"):
+            assert torch.all(p == 0.5), name
+        else:
+            assert torch.equal(p, plain[name]), name
+    assert sum(k.endswith(".mix") for k in forked) == 4
+
+
+def test_a_forks_int_field_may_default_to_0():
+    """Only the counts must be >= 1: a field a fork adds with an int default of 0 is valid."""
+    @dataclasses.dataclass
+    class Forked(ModelConfig):
+        n_memory_tokens: int = 0
+    assert Forked(arch="gpt", n_layer=2).n_memory_tokens == 0
+    with pytest.raises(ValueError, match="n_layer must be >= 1, got 0"):
+        Forked(n_layer=0)
+
+
 def test_bias_flags():
     """use_bias=False removes every bias except the two embedding-loss LayerNorms';
     cross_attn_use_bias controls the cross-attention Linears alone."""
