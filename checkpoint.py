@@ -140,7 +140,8 @@ def load(path, keys=('model', 'config')):
     shapes = expected_shapes(c)
     for k in {**shapes, **sd}:  # the model's order, then what only the file holds
         if (got := tuple(sd[k].shape) if k in sd else 'missing') != shapes.get(k, 'none'):
-            raise CheckpointError(f"{path}: {k} is {got} in the file, its config needs "
+            raise CheckpointError(f"{path} was written by a model without a change made to "
+                                  f"model.py since: {k} is {got} in the file, this model needs "
                                   f"{shapes.get(k, 'none')}")
     if bad := nonfinite(sd.items()):
         raise CheckpointError(f"{path}: {len(bad)} of {len(sd)} weight tensors hold NaN or inf "

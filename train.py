@@ -298,8 +298,8 @@ while True:
         break
 
     lr_now = get_lr(step)
-    for group in optimizer.param_groups:
-        group['lr'] = lr_now
+    for group in optimizer.param_groups:  # a group may carry its own scale (a fork's)
+        group['lr'] = lr_now * group.get('lr_scale', 1.0)
     t0 = time.time()
     stats = torch.zeros(3, device=device)  # summed over micro-steps: loss, ce, embedding loss
     data_s = 0.0  # time spent fetching batches: logged, so a slow data path shows
