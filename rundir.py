@@ -5,6 +5,7 @@ the saves and the stop. Each file but the append-only log is written whole or no
 import contextlib
 import fcntl
 import json
+import math
 import os
 import platform
 import shlex
@@ -147,6 +148,20 @@ class RunDir:
     def clock(self, step):  # what every step and estimate record says of where the run is
         return {'tokens': self.tokens(step), 'epochs': self.epochs(step),
                 'time': round(self.elapsed(), 2)}
+
+    def estimate(self, step, est):
+        """Record an estimate ({'train': ce, 'val': ce}) of step's model: logged, kept as the last
+        and, if its val is the lowest yet, the best. True if it is the best; a non-finite estimate
+        stops the run."""
+        if not all(map(math.isfinite, est.values())):
+            self.stop(step, f"an estimate is not finite ({est})")
+        improved = est['val'] < self.best_val_loss
+        if improved:
+            self.best_val_loss, self.best_step = est['val'], step
+        self.last_est = est
+        self.log({'type': 'est', 'step': step, **est, 'best_val': self.best_val_loss,
+                  **self.clock(step)})
+        return improved
 
     def save(self, step, ckpt, best=False):
         """ckpt, with the run's step, best and clock, to ckpt_last.pt, and ckpt_best.pt a hard link

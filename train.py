@@ -267,33 +267,38 @@ run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size
           compiled=model is not raw_model, gpu=gpu, torch=torch.__version__, **provenance(),
           config=config)
 
+def checkpoint():  # what a resume needs, beside the step, best and clock RunDir.save adds
+    rng = {'torch': torch.get_rng_state(),
+           'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
+    return {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
+            'scaler': scaler.state_dict(), 'config': config, 'rng': rng, 'tokenizer': tokenizer}
+
+def forecast(step):  # after 10 steps, once: a slow config shows early
+    per_step = statistics.median(step_times[1:])
+    n_est = sum(s % est_interval == 0 or s == train_steps for s in range(step, train_steps + 1))
+    whole = whole_val_seconds(2) if est_s else 0.0  # at the end, the last and the best model
+    rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est + whole
+    ests = (f", {n_est} estimate(s) of ~{duration(est_s)} and all of val.bin for 2 models "
+            f"(~{duration(whole)})") if est_s else f" (+ {n_est} estimate(s), not yet timed)"
+    return (f"expected: {per_step * 1000:,.0f} ms/step (median of steps 2-10), ~{duration(rest)} "
+            f"for the {train_steps - step:,} steps left{ests}: the whole run "
+            f"~{duration(run.elapsed() + rest)}")
+
 # training loop
 step, est_s, step_times = start_step, None, []
 while True:
     # estimate and save at step boundaries; a resumed run already did both at start_step
-    improved = None  # True: this step's estimate is the best so far; None: no estimate
-    if master and (step != start_step or init_from == 'scratch'):
-        if step % est_interval == 0 or step == train_steps:
-            t0 = time.time()
-            est = {split: mean_ce(model, *batches) for split, batches in est_batches.items()}
-            est_s = time.time() - t0
-            if not all(map(math.isfinite, est.values())):
-                run.stop(step, f"an estimate is not finite ({est})")
-            improved = est['val'] < run.best_val_loss
-            if improved:
-                run.best_val_loss, run.best_step = est['val'], step
-            run.last_est = est
-            run.log({'type': 'est', 'step': step, **est, 'best_val': run.best_val_loss,
-                     **run.clock(step)})
-            print(f"step {step}: estimate train ce {est['train']:.4f}, val ce {est['val']:.4f}"
-                  f"{' (best)' if improved else ''} [{est_s:.1f} s]")
-        if improved is not None or (save_interval and step % save_interval == 0):
-            rng = {'torch': torch.get_rng_state(),
-                   'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
-            checkpoint = {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
-                          'scaler': scaler.state_dict(), 'config': config, 'rng': rng,
-                          'tokenizer': tokenizer}
-            run.save(step, checkpoint, best=improved)  # + step, best, clock; atomic; refuses NaN
+    fresh = master and (step != start_step or init_from == 'scratch')
+    if fresh and (step % est_interval == 0 or step == train_steps):
+        t0 = time.time()
+        est = {split: mean_ce(model, *batches) for split, batches in est_batches.items()}
+        est_s = time.time() - t0
+        improved = run.estimate(step, est)  # logged, the best kept; a non-finite one stops the run
+        print(f"step {step}: estimate train ce {est['train']:.4f}, val ce {est['val']:.4f}"
+              f"{' (best)' if improved else ''} [{est_s:.1f} s]")
+        run.save(step, checkpoint(), best=improved)  # atomic; refuses NaN
+    elif fresh and save_interval and step % save_interval == 0:
+        run.save(step, checkpoint())
     if step >= train_steps:
         break
 
@@ -355,16 +360,8 @@ while True:
         print(f"step {step}/{train_steps} | loss {loss_v:.4f}{parts} | lr {lr_now:.2e} | epoch "
               f"{run.epochs(step):.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
               f"{f' | mfu {mfu * 100:.1f}%' if mfu else ''}")
-    if len(step_times) == 10 and step < train_steps:  # once, early: a slow config shows
-        per_step = statistics.median(step_times[1:])
-        n_est = sum(s % est_interval == 0 or s == train_steps for s in range(step, train_steps + 1))
-        whole = whole_val_seconds(2) if est_s else 0.0  # at the end, the last and the best model
-        rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est + whole
-        ests = (f", {n_est} estimate(s) of ~{duration(est_s)} and all of val.bin for 2 models "
-                f"(~{duration(whole)})") if est_s else f" (+ {n_est} estimate(s), not yet timed)"
-        print(f"expected: {per_step * 1000:,.0f} ms/step (median of steps 2-10), ~{duration(rest)} "
-              f"for the {train_steps - step:,} steps left{ests}: the whole run "
-              f"~{duration(run.elapsed() + rest)}")
+    if len(step_times) == 10 and step < train_steps:
+        print(forecast(step))
 
 # the last and the best model on all of val.bin (eager); a finished run that resumes has its scores
 if master and step >= train_steps and not run.whole:
