@@ -152,7 +152,7 @@ def train_step_fn(model_kwargs, batch_size, compiled=False):
 
     def step():
         with autocast():
-            _, loss = model(x, y)
+            _, loss, _ = model(x, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -289,16 +289,16 @@ def config_step_fn(c):
         for x, y in batches:
             mark_step()
             with amp:
-                _, loss = model(x, y, return_logits=False)
+                _, loss, parts = model(x, y, return_logits=False)
             if graphs:
                 torch._foreach_add_([p.grad for p in params], torch.autograd.grad(
                     scaler.scale(loss / n_micro), params, materialize_grads=True))
             else:
                 scaler.scale(loss / n_micro).backward()
             stats[0] += loss.detach().float()
-            stats[1] += raw.last_ce.float()
+            stats[1] += parts["ce"].float()
             if emb:
-                stats[2] += raw.last_embedding_loss.float()
+                stats[2] += parts["emb"].float()
         stats.tolist()  # train.py reads the sums every step: a wait for the device
         if c["grad_clip"] > 0.0:
             scaler.unscale_(optimizer)
@@ -417,14 +417,14 @@ class Step:
         for x, y in self.batches:
             torch.compiler.cudagraph_mark_step_begin()
             with autocast():
-                _, loss = self.model(x, y, return_logits=self.accumulate == "backward")
+                _, loss, parts = self.model(x, y, return_logits=self.accumulate == "backward")
             if self.accumulate == "backward":
                 (loss / self.n).backward()
             else:
                 torch._foreach_add_(self.grads, torch.autograd.grad(
                     loss / self.n, self.params, materialize_grads=True))
             self.stats[0] += loss.detach().float()
-            self.stats[1] += self.raw.last_ce.float()
+            self.stats[1] += parts["ce"].float()
 
     def zero(self):
         self.optimizer.zero_grad(set_to_none=self.accumulate == "backward")

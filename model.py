@@ -216,7 +216,7 @@ class Transformer(nn.Module):
             if name.endswith("c_proj.weight"):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * depth))
-        self.last_ce = self.last_embedding_loss = self.compiled_decode_step = None
+        self.compiled_decode_step = None
 
     def _init_weights(self, module):
         # by module type, as nanoGPT: a parameter of a fork's own keeps the init it was made with
@@ -268,20 +268,20 @@ class Transformer(nn.Module):
 
     def forward(self, idx, targets=None, return_logits=True):
         """idx, targets: (B, T) -> (logits (B, T, vocab_size), or None if not return_logits; loss or
-        None). The loss: ce + coeff * embedding loss in training mode, ce in eval mode; its parts,
-        detached, in last_ce and last_embedding_loss (None: not computed)."""
+        None; the loss's parts, detached: {'ce': ...} and, with the embedding loss, 'emb'). The loss:
+        ce + coeff * embedding loss in training mode, ce in eval mode."""
         c = self.config
         out, E, enc = self.hidden_states(idx)
         logits = self.head(out)
         if targets is None:
-            return logits, None
-        loss = ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
-        self.last_ce, self.last_embedding_loss = ce.detach(), None
+            return logits, None, {}
+        ce = F.cross_entropy(logits.reshape(-1, c.vocab_size), targets.view(-1))
+        loss, parts = ce, {"ce": ce.detach()}
         if self.training and c.embedding_loss_type != "NONE":
             emb = self.embedding_distance(*self.embedding_pair(E, enc))
-            self.last_embedding_loss = emb.detach()
             loss = ce + c.embedding_loss_coeff * emb
-        return logits if return_logits else None, loss
+            parts["emb"] = emb.detach()
+        return logits if return_logits else None, loss, parts
 
     # the AED's embedding loss (docs/model.md, Embedding loss)
     def embedding_pair(self, E, enc):

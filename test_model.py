@@ -423,10 +423,10 @@ def test_forward_matches_reference(kw):
     p = ref_params(m)
     for training in (False, True):
         m.train(training)
-        logits, loss = m(x, y)
+        logits, loss, parts = m(x, y)
         ref = ref_forward(p, cfg, x, y, training)
         torch.testing.assert_close(logits.double(), ref["logits"], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(m.last_ce.double(), ref["ce"], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(parts["ce"].double(), ref["ce"], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(loss.double(), ref["loss"], atol=1e-5, rtol=1e-5)
 
 
@@ -443,10 +443,10 @@ def test_embedding_loss_matches_reference(kw):
     cfg = tiny(context_size=8, embedding_loss_coeff=3.0, sub_pos_embed_to_decoder="YES_NO_LN", **kw)
     m = make(cfg).train()
     x, y = batch(cfg)
-    _, loss = m(x, y)
+    _, loss, parts = m(x, y)
     ref = ref_forward(ref_params(m), cfg, x, y, training=True)
-    torch.testing.assert_close(m.last_embedding_loss.double(), ref["emb"], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(m.last_ce.double(), ref["ce"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(parts["emb"].double(), ref["emb"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(parts["ce"].double(), ref["ce"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss.double(), ref["ce"] + 3.0 * ref["emb"], atol=1e-5, rtol=1e-5)
     assert ref["emb"].item() > 1e-3  # not vacuous
 
@@ -464,12 +464,12 @@ def test_embedding_loss_uses_E_after_dropout(ln_type):
     m.blocks[-1].register_forward_hook(lambda mod, inp, out: seen.setdefault("enc", out.detach()))
     x, y = batch(cfg)
     with torch.no_grad():
-        m(x, y)
+        parts = m(x, y)[2]
     E0 = m.wte.weight[x] + m.wpe.weight[:x.size(1)]
     assert not torch.allclose(seen["E"], E0)  # dropout did act
     p = ref_params(m)
     emb = ref_embedding_loss(seen["E"].double(), seen["enc"].double(), p, cfg)
-    torch.testing.assert_close(m.last_embedding_loss.double(), emb, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(parts["emb"].double(), emb, atol=1e-5, rtol=1e-5)
 
 
 def test_embedding_loss_layernorms_exist_only_when_used():
@@ -511,8 +511,7 @@ def test_embedding_loss_diagnostics_tell_a_collapse():
     idx = torch.randint(0, 64, (3, 8))
     d = embedding_loss_diagnostics(m, idx)
     m.train()
-    m(idx, idx)
-    assert d["loss"] == pytest.approx(m.last_embedding_loss.item(), rel=1e-6)
+    assert d["loss"] == pytest.approx(m(idx, idx)[2]["emb"].item(), rel=1e-6)
     assert d["loss_no_affine"] == pytest.approx(d["loss"], rel=1e-6)
     assert d["ln_a_weight_rms"] == d["ln_b_weight_rms"] == 1.0
     with torch.no_grad():
@@ -565,7 +564,7 @@ def test_gradients_match_reference(detach, loss_type):
                use_bias=True)
     m = make(cfg).train()
     x, y = batch(cfg)
-    _, loss = m(x, y)
+    _, loss, _ = m(x, y)
     loss.backward()
     p = ref_params(m, requires_grad=True)
     ref_forward(p, cfg, x, y, training=True)["loss"].backward()
@@ -722,8 +721,7 @@ def test_pos_add_in_place_is_bit_identical_in_full_precision(dtype):
         lambda mod, inp, out: out + b.wpe(torch.arange(1, out.size(1) + 1)))
     x, y = batch(cfg)
     for m in (a, b):
-        logits, loss = m(x, y)
-        loss.backward()
+        m(x, y)[1].backward()
     la, lb = a(x)[0], b(x)[0]
     assert torch.equal(la, lb)
     ga, gb = grads(a), grads(b)
@@ -903,39 +901,37 @@ def test_generate_temperature_zero_is_argmax(kv_cache):
 
 
 def test_eval_loss_is_ce_only():
-    """Eval mode: loss = F.cross_entropy of the returned logits, last_embedding_loss None. Training
-    mode (dropout 0): loss = last_ce + coeff * last_embedding_loss and
-    last_ce = F.cross_entropy(logits)."""
+    """Eval mode: loss = F.cross_entropy of the returned logits, its parts ce alone. Training mode
+    (dropout 0): loss = parts' ce + coeff * emb, detached, and ce = F.cross_entropy(logits)."""
     cfg = tiny(embedding_loss_type="MSE", embedding_loss_coeff=8.0,
                sub_pos_embed_to_decoder="YES_NO_LN")
     m = make(cfg)
     x, y = batch(cfg)
     m.eval()
     with torch.no_grad():
-        logits, loss = m(x, y)
+        logits, loss, parts = m(x, y)
     ce = F.cross_entropy(logits.view(-1, cfg.vocab_size), y.view(-1))
     torch.testing.assert_close(loss, ce, atol=1e-6, rtol=1e-6)
-    torch.testing.assert_close(m.last_ce, ce, atol=1e-6, rtol=1e-6)
-    assert m.last_embedding_loss is None
+    assert parts.keys() == {"ce"}
+    torch.testing.assert_close(parts["ce"], ce, atol=1e-6, rtol=1e-6)
     m.train()
-    logits, loss = m(x, y)
+    logits, loss, parts = m(x, y)
     ce = F.cross_entropy(logits.view(-1, cfg.vocab_size), y.view(-1))
-    torch.testing.assert_close(m.last_ce, ce.detach(), atol=1e-6, rtol=1e-6)
-    assert m.last_embedding_loss.item() > 1e-3
-    assert not m.last_ce.requires_grad and not m.last_embedding_loss.requires_grad
-    torch.testing.assert_close(loss.detach(), m.last_ce + 8.0 * m.last_embedding_loss, atol=1e-5,
+    torch.testing.assert_close(parts["ce"], ce.detach(), atol=1e-6, rtol=1e-6)
+    assert parts["emb"].item() > 1e-3
+    assert not parts["ce"].requires_grad and not parts["emb"].requires_grad
+    torch.testing.assert_close(loss.detach(), parts["ce"] + 8.0 * parts["emb"], atol=1e-5,
                                rtol=1e-6)
-    assert m(x)[1] is None  # no targets, no loss
+    assert m(x)[1:] == (None, {})  # no targets, no loss
     plain = make(tiny()).train()  # no embedding loss at all
-    plain(x, y)
-    assert plain.last_embedding_loss is None
+    assert plain(x, y)[2].keys() == {"ce"}
 
 
 def test_return_logits_false_returns_the_loss_alone():
     cfg = tiny(context_size=8)
     m = make(cfg).train()
     x, y = batch(cfg, B=3, T=7)
-    logits, loss = m(x, y, return_logits=False)
+    logits, loss, _ = m(x, y, return_logits=False)
     assert logits is None
     torch.testing.assert_close(loss, m(x, y)[1], atol=0, rtol=0)
 
@@ -955,7 +951,8 @@ def test_return_logits_false_leaves_the_logits_out_of_the_compiled_graph():
                             if isinstance(a, torch.fx.Node)]
             return gm.forward
         torch._dynamo.reset()
-        logits, loss = torch.compile(m, backend=backend, fullgraph=True)(x, y, return_logits=keep)
+        logits, loss, _ = torch.compile(m, backend=backend, fullgraph=True)(x, y,
+                                                                           return_logits=keep)
         assert (logits is None) != keep and loss.requires_grad
     assert (3, 8, cfg.vocab_size) in shapes[True] and () in shapes[False]
     assert not [s for s in shapes[False] if s and s[-1] == cfg.vocab_size], shapes[False]
@@ -990,7 +987,7 @@ def test_vocab_padding_changes_no_output(arch):
     assert padded.get_num_params() == plain.get_num_params()
     assert padded.flops_per_token() == plain.flops_per_token()
     x, y = batch(cfg, B=3)
-    (logits_p, loss_p), (logits_u, loss_u) = padded(x, y), plain(x, y)
+    (logits_p, loss_p, _), (logits_u, loss_u, _) = padded(x, y), plain(x, y)
     torch.testing.assert_close(loss_p, loss_u, atol=1e-12, rtol=1e-12)
     assert logits_p.shape == (3, cfg.context_size, cfg.vocab_size)
     torch.testing.assert_close(logits_p, logits_u, atol=1e-12, rtol=1e-12)
@@ -1044,8 +1041,7 @@ def test_micro_batches_give_the_same_gradients(kw):
     result = {}
     for micro_steps in (1, 2, 4, 8):
         for xs, ys in zip(x.chunk(micro_steps), y.chunk(micro_steps)):
-            _, loss = m(xs, ys)
-            (loss / micro_steps).backward()
+            (m(xs, ys)[1] / micro_steps).backward()
         result[micro_steps] = grads(m)
         m.zero_grad(set_to_none=True)
     for micro_steps in (2, 4, 8):
@@ -1066,9 +1062,9 @@ def test_overfit_one_batch(arch):
     x, y = batch(cfg, B=4)
     opt = torch.optim.Adam(m.parameters(), lr=1e-2)
     for step in range(150):
-        _, loss = m(x, y)
+        _, loss, parts = m(x, y)
         if step == 0:
-            assert m.last_ce.item() > 3.5  # starts near ln(64)
+            assert parts["ce"].item() > 3.5  # starts near ln(64)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -1385,9 +1381,9 @@ def test_compiled_aed_equals_eager_on_cpu():
     torch._dynamo.reset()
     results = []
     for mdl in (torch.compile(m, fullgraph=True), m):
-        _, loss = mdl(x, y)
+        _, loss, parts = mdl(x, y)
         loss.backward()
-        results.append((loss.detach(), m.last_embedding_loss, grads(m)))
+        results.append((loss.detach(), parts["emb"], grads(m)))
         m.zero_grad(set_to_none=True)
     (loss_c, emb_c, g_c), (loss_e, emb_e, g_e) = results
     torch.testing.assert_close(loss_c, loss_e, atol=1e-5, rtol=1e-5)
@@ -1415,7 +1411,7 @@ def test_author_configs_compile_on_cuda(fname):
     results = []
     for mdl in (torch.compile(m, fullgraph=True), m):
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = mdl(x, y, return_logits=True)
+            _, loss, _ = mdl(x, y, return_logits=True)
         loss.backward()
         results.append((loss.detach().float(), grads(m)))
         m.zero_grad(set_to_none=True)

@@ -314,16 +314,16 @@ while True:
         data_s += time.time() - t_data
         mark_step()  # a new forward: CUDA graphs may reuse memory
         with autocast:
-            _, loss = model(X, Y, return_logits=False)  # the loss alone: no logits kept
+            _, loss, parts = model(X, Y, return_logits=False)  # the loss alone: no logits kept
         if graphs:  # in one add: with CUDA graphs, AccumulateGrad can fail or corrupt them
             torch._foreach_add_([p.grad for p in params], torch.autograd.grad(
                 scaler.scale(loss / micro_steps), params, materialize_grads=True))
         else:
             scaler.scale(loss / micro_steps).backward()
         stats[0] += loss.detach().float()
-        stats[1] += raw_model.last_ce.float()
-        if (emb := raw_model.last_embedding_loss) is not None:  # an AED with the loss
-            stats[2] += emb.float()
+        stats[1] += parts['ce'].float()
+        if 'emb' in parts:  # an AED with the embedding loss
+            stats[2] += parts['emb'].float()
     if ddp:  # the mean of the ranks' gradients, in one all-reduce outside the compiled model
         grads = [p.grad for p in params if p.grad is not None]
         flat = torch.cat([g.flatten() for g in grads]).div_(world_size)
@@ -332,7 +332,7 @@ while True:
             g.copy_(mean.view_as(g))
         dist.all_reduce(stats)  # every rank sees the same numbers, so all stop together on NaN
     loss_v, ce_v, emb_v = (v / (micro_steps * world_size) for v in stats.tolist())
-    emb_v = emb_v if emb is not None else None
+    emb_v = emb_v if 'emb' in parts else None
     if not math.isfinite(loss_v):  # on every rank: the numbers are all-reduced
         run.stop(step, "the training loss is not finite")
     if grad_clip > 0.0:
@@ -356,8 +356,8 @@ while True:
              'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)})
     if step % log_interval == 0 or step == train_steps:
         coeff = model_config.embedding_loss_coeff  # the loss the optimizer sees, and its parts
-        parts = "" if emb_v is None else f" (ce {ce_v:.4f} + {coeff:g} x emb {emb_v:.3e})"
-        print(f"step {step}/{train_steps} | loss {loss_v:.4f}{parts} | lr {lr_now:.2e} | epoch "
+        terms = "" if emb_v is None else f" (ce {ce_v:.4f} + {coeff:g} x emb {emb_v:.3e})"
+        print(f"step {step}/{train_steps} | loss {loss_v:.4f}{terms} | lr {lr_now:.2e} | epoch "
               f"{run.epochs(step):.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
               f"{f' | mfu {mfu * 100:.1f}%' if mfu else ''}")
     if len(step_times) == 10 and step < train_steps:

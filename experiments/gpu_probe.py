@@ -99,13 +99,13 @@ if way == "fused":
         rows, ce = max(1, chunk // c.vocab_size), 0.0
         for o, t in zip(out.flatten(0, 1).split(rows), targets.view(-1).split(rows)):
             ce = ce + checkpoint(chunk_ce, self, o, t, use_reentrant=False)
-        loss = ce = ce / targets.numel()
-        self.last_ce, self.last_embedding_loss = ce.detach(), None
+        ce = ce / targets.numel()
+        loss, parts = ce, {"ce": ce.detach()}
         if self.training and c.embedding_loss_type != "NONE":  # as model.py's forward
             emb = self.embedding_distance(*self.embedding_pair(E, enc))
-            self.last_embedding_loss = emb.detach()
             loss = ce + c.embedding_loss_coeff * emb
-        return None, loss
+            parts["emb"] = emb.detach()
+        return None, loss, parts
 
     model.Transformer.forward = fused_forward
 if way == "nocudnn":

@@ -21,7 +21,7 @@ TINY = ['--arch=aed', '--vocab_size=256', '--n_layer=2', '--n_embed=16', '--n_he
         '--gradient_accumulation_steps=2', '--lr=1e-2', '--warmup_iters=2', '--est_steps=1',
         '--est_interval=2', '--compile=False', '--dtype=float32', '--device=cpu']
 # (anchor in model.py, what the fork puts after it): each edit as a forker would make it
-FREEZE = ('        self.last_ce = self.last_embedding_loss = self.compiled_decode_step = None\n',
+FREEZE = ('        self.compiled_decode_step = None\n',
           '        self.wpe.weight.requires_grad_(False)  # fork: a fixed positional embedding\n')
 GATE = ('        self.ln_f = layer_norm(c)\n',
         '        for i, b in enumerate(self.blocks):  # fork: a gate on every other block\n'
@@ -31,8 +31,9 @@ FIELD = ('    embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms ha
          '\n',
          '    mlp_ratio: int = 4  # fork: the MLP\'s width over n_embed\n')
 FIELD_USE = ('4 * C', 'c.mlp_ratio * C')
-Z_LOSS = ('            loss = ce + c.embedding_loss_coeff * emb\n',
-          '        loss = loss + 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()  # fork\n')
+RETURN_LOSS = '        return logits if return_logits else None, loss, parts\n'
+Z_LOSS = (RETURN_LOSS, '        z = 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()  # fork: a z-loss\n'
+                       '        loss, parts["z"] = loss + z, z.detach()\n' + RETURN_LOSS, 'replace')
 
 
 def fork(tmp_path, *edits):

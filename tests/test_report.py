@@ -1035,9 +1035,9 @@ def test_stall_probe_measures_what_it_says():
     x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
     got = stall.probe(m, x, y)
     m.train()
-    _, loss = m(x, y)
-    assert got['emb'] == pytest.approx(float(m.last_embedding_loss), rel=1e-5)
-    assert got['ce'] == pytest.approx(float(m.last_ce), rel=1e-5)
+    parts = m(x, y)[2]
+    assert got['emb'] == pytest.approx(float(parts['emb']), rel=1e-5)
+    assert got['ce'] == pytest.approx(float(parts['ce']), rel=1e-5)
     assert 0 < got['enc'] < 1 and 0 < got['out'] < 1
     p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'stall.py'), '--steps=0'],
                        capture_output=True, text=True, timeout=120)
@@ -1061,13 +1061,14 @@ for arch, kw in (("gpt", {}), ("aed", dict(embedding_loss_type="MSE", embedding_
     x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
     def run(return_logits):
         m.zero_grad()
-        logits, loss = m(x, y, return_logits=return_logits)
+        logits, loss, parts = m(x, y, return_logits=return_logits)
         loss.backward()
-        return logits, loss, [p.grad.clone() for p in m.parameters()]
-    (logits, full, g_full), (none, fused, g_fused) = run(True), run(False)
+        return logits, loss, [p.grad.clone() for p in m.parameters()], parts
+    (logits, full, g_full, p_full), (none, fused, g_fused, p_fused) = run(True), run(False)
     ok = logits is not None and none is None and abs(full.item() - fused.item()) < 1e-12 and all(
-        torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(g_full, g_fused))
-    print(arch, ok, m.last_embedding_loss is not None)
+        torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(g_full, g_fused)) and \
+        p_full.keys() == p_fused.keys() and all(abs(p_full[k] - p_fused[k]) < 1e-12 for k in p_full)
+    print(arch, ok, 'emb' in p_fused)
 ''')
     env = dict(os.environ, PYTHONPATH=ROOT, PROBE_LOSS_CHUNK=str(7 * 64))
     p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'fused', '--',

@@ -31,10 +31,10 @@ def recorder(monkeypatch, forwards=True):
         return opt
 
     def recording_forward(self, idx, targets=None, return_logits=True):
-        logits, loss = forward(self, idx, targets, return_logits)
+        logits, loss, parts = forward(self, idx, targets, return_logits)
         rec['calls'].append(dict(idx=idx.clone(), targets=targets.clone(), training=self.training,
                                  return_logits=return_logits, logits=logits))
-        return logits, loss
+        return logits, loss, parts
 
     monkeypatch.setattr(model_py.Transformer, 'configure_optimizers', configure_recording)
     if forwards:

@@ -687,12 +687,12 @@ def build_nan(cfg):
     m = build(cfg)
     forward, calls = m.forward, [0]
     def nan_forward(*args, **kwargs):
-        logits, loss = forward(*args, **kwargs)
+        logits, loss, parts = forward(*args, **kwargs)
         if m.training:
             calls[0] += 1
             if calls[0] > 24:
                 loss = loss * float('nan')
-        return logits, loss
+        return logits, loss, parts
     m.forward = nan_forward
     return m
 model.build_model = build_nan
