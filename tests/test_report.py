@@ -488,8 +488,8 @@ def test_seed_groups_span_keys_added_or_removed_at_their_defaults(tmp_path):
     assert '- gpt: 3 seeds (1, 2, 3):' in p.stdout
     assert '- aed - gpt, paired by seed (1, 2, 3):' in p.stdout
     # held at another value than its default, or a dropped key report.py does not know: apart
-    other = write_seeds(tmp_path / 'o', 'gpt_learned', [dict(held, embedding_agg_type='LEARNED')] * 4,
-                        [3.0] * 4)[1:2]
+    learned = dict(held, embedding_agg_type='LEARNED')
+    other = write_seeds(tmp_path / 'o', 'gpt_learned', [learned] * 4, [3.0] * 4)[1:2]
     gone = write_seeds(tmp_path / 'g', 'gpt_gone', [dict(old, gone_key=1)] * 4, [3.0] * 4)[2:3]
     p = run_report(*runs[:3], *other, *gone)
     assert p.returncode == 0, p.stderr
@@ -510,7 +510,8 @@ STUDIES = [  # (script, environment, what it names: committed runs and floors), 
 ]
 
 
-@pytest.mark.parametrize('script,env,tables', STUDIES, ids=[s[1][next(iter(s[1]))] for s in STUDIES])
+@pytest.mark.parametrize('script,env,tables', STUDIES,
+                         ids=[s[1][next(iter(s[1]))] for s in STUDIES])
 def test_committed_study_tables_reproduce(tmp_path, script, env, tables):
     """Each committed study table is what its script's report makes of the committed runs today
     (REPORT_ONLY=1, its folders pointed at links to the committed ones, so that the tables and
@@ -527,7 +528,7 @@ def test_committed_study_tables_reproduce(tmp_path, script, env, tables):
     assert p.returncode == 0, p.stderr
     for t in tables:
         with open(os.path.join(exp, f'{t}.md')) as f, open(tmp_path / f'{t}.md') as g:
-            assert g.read() == f.read(), f'experiments/{t}.md is not what {script} makes of its runs'
+            assert g.read() == f.read(), f'experiments/{t}.md is not what {script} makes of it'
 
 
 def test_committed_chunked_loss_table_reproduces():
