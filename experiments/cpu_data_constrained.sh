@@ -79,7 +79,7 @@ echo "=== $(nproc --all) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: 
 if [ -z "${REPORT_ONLY:-}" ]; then
     python prepare.py  # data/wikipedia/{train,val}.bin (a few seconds)
     # the count-model floors of the same tokens, scored as the runs' whole val (seconds)
-    python experiments/floors.py --train_tokens="$TRAIN_TOKENS" --context_size=128 \
+    python experiments/floors.py --train_tokens="$TRAIN_TOKENS" --context_size=128 --max_order=4 \
         --json="${RES}_floors.json"
 fi
 mkdir -p "$RES"

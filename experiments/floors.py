@@ -5,7 +5,7 @@ less from its data than counting does.
 
 $ python experiments/floors.py config/bytes_baseline.py    # a run's dataset, slice and context
 $ python experiments/floors.py --dataset=wikipedia --train_tokens=100000 --context_size=128 \
-      --max_order=2 --json=experiments/data_constrained_floors.json
+      --max_order=4 --json=experiments/data_constrained_floors.json
 $ python experiments/floors.py config/bytes_baseline.py --sample=200 --start="The history of"
 
 The models (docs/data.md, Count-model floors, gives the formulas): interpolated Kneser-Ney with one
@@ -27,7 +27,7 @@ from configurator import ConfigError, die, load_config, train_defaults  # noqa: 
 
 METHOD = "interpolated Kneser-Ney, discount n1 / (n1 + 2 n2) per order, uniform below unigrams"
 METHOD_MKN = ("modified Kneser-Ney, discounts D1, D2, D3+ per order from n1..n4 (Chen and Goodman "
-              "1998), uniform below unigrams")
+              "1998; out of (0, r]: 0.5, 1, 1.5 for the order), uniform below unigrams")
 
 
 class Grams:
@@ -65,16 +65,25 @@ class Grams:
         return self.levels[k, top, modified]
 
 
+FALLBACK = (0.5, 1.0, 1.5)  # D1, D2, D3+ of an order whose estimates are out of range (KenLM's)
+
+
 def discounts(counts, modified):
     """The discount of a count of 0, 1, 2 and 3 or more: from n_r, the number of k-grams whose count
     is r. Interpolated Kneser-Ney: D = Y = n1 / (n1 + 2 n2) for all; modified: D_r = r - (r + 1) Y
-    n_(r+1) / n_r (Chen and Goodman), kept >= 0 so that every probability is."""
+    n_(r+1) / n_r (Chen and Goodman; Y where n_r is 0), or FALLBACK for the order."""
     n = [np.sum(counts == r) for r in range(5)]
     Y = n[1] / (n[1] + 2 * n[2]) if n[1] else 0.5
     if not modified:
         return np.array([0, Y, Y, Y])
-    return np.array([0] + [max(r - (r + 1) * Y * n[r + 1] / n[r], 0) if n[r] else Y
-                           for r in (1, 2, 3)])
+    D = [r - (r + 1) * Y * n[r + 1] / n[r] if n[r] else Y for r in (1, 2, 3)]
+    # sparse counts of counts (GPT-2 ids past order 4) can put an estimate at or below 0: clipped to
+    # 0, a history whose continuations all had that count kept no back-off mass and an unseen token
+    # after it scored log 0 = inf. As KenLM's lmplz (--discount_fallback) does, such an order takes
+    # FALLBACK instead: each D_r in (0, r], so every seen history keeps mass for the tokens it lacks
+    if not all(0 < d <= r for r, d in zip((1, 2, 3), D)):
+        D = FALLBACK
+    return np.array([0, *D])
 
 
 class Level:

@@ -16,8 +16,9 @@ Runs that differ only in the seed are a group: the report gives each group's mea
 deviation and min-max of the final and of the best val loss; --compare, A - B paired by seed, with a
 95% interval (A,B+C,D: both pairs' seed pairs pooled). Each run is given once, under a name (its
 directory's) of its own: a repeat would count as more seeds. A key missing from a run's saved
-config (the run predates it) means its default, read from train.py and model.py. Uses only the
-standard library (numpy too with --floors).
+config (the run predates it) means its default, read from train.py and model.py; a key train.py has
+since dropped, held at the default it had (REMOVED_DEFAULTS), means what its absence does. Uses only
+the standard library (numpy too with --floors).
 """
 import ast
 import json
@@ -38,6 +39,9 @@ from configurator import ConfigError, die, load_config, train_defaults  # noqa: 
 # float order) and data_dir (the data) too; device and dtype as they resolved (config_key)
 SEED_ONLY_KEYS = ('seed', 'out_dir', 'init_from', 'overwrite', 'wandb_log', 'wandb_project',
                   'wandb_run_name', 'log_interval', 'save_interval', 'ddp_timeout')
+# keys train.py has had and dropped, with the default each had: a run that holds one at its default
+# ran as a run without it does (a key train.py has now and a run lacks is its default, DEFAULTS)
+REMOVED_DEFAULTS = {'embedding_agg_type': None}  # the learned aggregation (MEAN at None) went
 
 # Tableau 10: distinct, readable on white, and still tellable apart by most colour-blind readers
 COLORS = ['#4e79a7', '#f28e2b', '#e15759', '#76b7b2', '#59a14f',
@@ -108,7 +112,8 @@ def config_key(config, facts):
     # None without a saved config (such a run is a group of its own)
     if not config:
         return None
-    key = {k: v for k, v in {**DEFAULTS, **config}.items() if k not in SEED_ONLY_KEYS}
+    key = {k: v for k, v in {**DEFAULTS, **config}.items() if k not in SEED_ONLY_KEYS
+           and not (k in REMOVED_DEFAULTS and k not in DEFAULTS and v == REMOVED_DEFAULTS[k])}
     for k in ('device', 'dtype'):  # 'auto' as it resolved; a GPU's index (cuda:0) changes nothing
         key[k] = str(facts.get(k) or key[k]).split(':')[0]
     return key

@@ -7,6 +7,8 @@ the same for every text at a position; the decoder sees the tokens only through 
 
 $ python experiments/stall.py                      # seeds 3 and 2, 100 steps: ~7 min, one thread
 $ python experiments/stall.py --seeds=3,2,4 --steps=200
+$ python experiments/stall.py --seeds=3 --embedding_loss_coeff=0.0  # the same init and batches,
+                                                                     # no embedding loss
 $ python experiments/stall.py --rate=experiments/bytes_stall  # how often: a table of the runs
 
 Needs data/wikipedia_bytes (python prepare.py --tokenizer=bytes). The runs go in a temporary folder.
@@ -100,6 +102,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     p.add_argument('--seeds', default='3,2')
     p.add_argument('--steps', type=int, default=100)
+    p.add_argument('--embedding_loss_coeff', type=float,
+                   help="the embedding loss's coefficient (default: the config's, 8); 0 trains "
+                        "without it, on the same init and batches")
     p.add_argument('--rate', help="a study's folder of runs: the stall rule's table, nothing run")
     p.add_argument('--of', type=int, default=0, help="the runs the study has in all")
     args = p.parse_args()
@@ -115,14 +120,16 @@ def main():
     ix = np.random.default_rng(0).integers(0, len(val) - 257, 64)
     rows = torch.from_numpy(np.stack([val[i:i + 257] for i in ix]).astype(np.int64))
     x, y = rows[:, :-1], rows[:, 1:]
-    print("| seed | step | ce | embedding loss | position's share of enc | of out |")
-    print("|---|---|---|---|---|---|")
+    coeff = [] if args.embedding_loss_coeff is None else [
+        f'--embedding_loss_coeff={args.embedding_loss_coeff}']
+    print("| seed | step | val estimate | ce | embedding loss | position's share of enc | of out |")
+    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds.split(','):
             out_dir = os.path.join(tmp, seed)
             cmd = [sys.executable, 'train.py', 'config/bytes_aed_mse_possub.py', f'--seed={seed}',
                    '--train_tokens=500000', f'--train_steps={args.steps}',
-                   f'--est_interval={args.steps}', f'--out_dir={out_dir}']
+                   f'--est_interval={args.steps}', f'--out_dir={out_dir}', *coeff]
             r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                                env={**os.environ, 'OMP_NUM_THREADS': '1'})
             if r.returncode:
@@ -132,8 +139,10 @@ def main():
             model = build_model(config)
             model.load_state_dict(ckpt['model'])
             m = probe(model, x, y)
-            print(f"| {seed} | {args.steps} | {m['ce']:.3f} | {m['emb']:.2e} | {m['enc']:.2f} "
-                  f"| {m['out']:.2f} |", flush=True)
+            with open(os.path.join(out_dir, 'log.jsonl')) as f:  # train.py's own, at the last step
+                est = [r['val'] for r in map(json.loads, f) if r['type'] == 'est'][-1]
+            print(f"| {seed} | {args.steps} | {est:.3f} | {m['ce']:.3f} | {m['emb']:.2e} "
+                  f"| {m['enc']:.2f} | {m['out']:.2f} |", flush=True)
 
 
 if __name__ == '__main__':

@@ -30,8 +30,9 @@ def brute_model(train, n, V, modified):
             Y = nr[1] / (nr[1] + 2 * nr[2]) if nr[1] else 0.5
             D = [0, Y, Y, Y]
             if modified:
-                D = [0] + [max(r - (r + 1) * Y * nr[r + 1] / nr[r], 0) if nr[r] else Y
-                           for r in (1, 2, 3)]
+                D = [0] + [r - (r + 1) * Y * nr[r + 1] / nr[r] if nr[r] else Y for r in (1, 2, 3)]
+                if not all(0 < D[r] <= r for r in (1, 2, 3)):  # out of range: KenLM's fallback
+                    D = [0, 0.5, 1.0, 1.5]
             total, gamma = defaultdict(float), defaultdict(float)
             for g, v in c.items():
                 total[g[:-1]] += v
@@ -103,6 +104,29 @@ def test_modified_kneser_ney_uses_three_discounts(text):
     assert list(mkn) == pytest.approx([0, 1 - 2 * Y * n[2] / n[1], 2 - 3 * Y * n[3] / n[2],
                                        3 - 4 * Y * n[4] / n[3]])
     assert len(set(mkn[1:])) == 3
+
+
+def test_modified_kneser_ney_is_never_infinite(text):
+    """A discount estimated at or below 0 once left a history no back-off mass: in "ababababc" the
+    bigram ab counts 4, ba 3, bc 1 (n1..n4 = 1, 0, 1, 1), so D3+ = 3 - 4 * 1 * 1 / 1 = -1, and "a",
+    seen only before b (4 times), gave an unseen "c" probability 0: the floor was inf. Such an
+    order takes 0.5, 1, 1.5 (KenLM's fallback) and every seen history keeps mass."""
+    train = np.frombuffer(b"ababababc", np.uint8).astype(np.int64)
+    val = np.frombuffer(b"acabc", np.uint8).astype(np.int64)
+    counts = np.unique(train[:-1] * 256 + train[1:], return_counts=True)[1]
+    assert list(floors.discounts(counts, True)) == [0, 0.5, 1.0, 1.5]
+    got = floors.floors(train, val, 256, 2, 4)['mkn']
+    assert all(math.isfinite(v) for v in got)
+    assert got == pytest.approx([brute_floor(train, val, k, 256, 4, True) for k in (1, 2)],
+                                rel=1e-9)
+    for x, n in ((train, 2), (text[:600], 9)):  # every order, raw and continuation counts
+        grams = floors.Grams(x, n, 256)
+        for k in range(1, n + 1):
+            for top in (True, False) if k < n else (True,):
+                level = grams.level(k, top, True)
+                assert (level.gamma[level.total > 0] > 0).all()
+                seen, D = level.counts > 0, level.discount
+                assert ((D[seen] > 0) & (D[seen] <= np.minimum(level.counts[seen], 3))).all()
 
 
 @pytest.mark.parametrize("modified", [False, True])

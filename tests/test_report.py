@@ -473,6 +473,76 @@ def test_seed_groups_never_pool_two_configs_in_any_order(tmp_path):
     assert '- aed: 3 seeds (1, 2, 3):' in p.stdout and ' seeds (1, 2, 3, 4)' not in p.stdout
 
 
+def test_seed_groups_span_keys_added_or_removed_at_their_defaults(tmp_path):
+    """A run from before a key existed, one written while train.py had a key it has since dropped
+    (at that key's default), and one from today are one config: the data-constrained study's key
+    pair at seeds 1337, 2, 3 is one group (its seed 1337 lacks embedding_agg_type, seeds 2 and 3
+    hold it at None). A dropped key at another value, or one whose default is not known, splits."""
+    old = {'arch': 'gpt'}  # before embedding_agg_type
+    held = {'arch': 'gpt', 'embedding_agg_type': None}  # while train.py had it
+    runs = write_seeds(tmp_path, 'gpt', [old, held, old], [3.4, 3.5, 3.6])
+    runs += write_seeds(tmp_path, 'aed', [{'arch': 'aed'}, dict(held, arch='aed'),
+                                          dict(held, arch='aed')], [3.3, 3.5, 3.5])
+    p = run_report(*runs, '--compare=aed,gpt')
+    assert p.returncode == 0, p.stderr
+    assert '- gpt: 3 seeds (1, 2, 3):' in p.stdout
+    assert '- aed - gpt, paired by seed (1, 2, 3):' in p.stdout
+    # held at another value than its default, or a dropped key report.py does not know: apart
+    learned = dict(held, embedding_agg_type='LEARNED')
+    other = write_seeds(tmp_path / 'o', 'gpt_learned', [learned] * 4, [3.0] * 4)[1:2]
+    gone = write_seeds(tmp_path / 'g', 'gpt_gone', [dict(old, gone_key=1)] * 4, [3.0] * 4)[2:3]
+    p = run_report(*runs[:3], *other, *gone)
+    assert p.returncode == 0, p.stderr
+    assert '- gpt: 3 seeds (1, 2, 3):' in p.stdout and ' seeds (1, 2, 3, 4)' not in p.stdout
+    assert ' seeds (1, 2, 3)' in p.stdout and '2 seeds' not in p.stdout
+
+
+STUDIES = [  # (script, environment, what it names: committed runs and floors), the tables it writes
+    ('cpu_data_constrained.sh', {'RES': 'data_constrained'},
+     ['data_constrained', 'data_constrained_regularised', 'data_constrained_confounds']),
+    ('cpu_bytes.sh', {'PILOT': 'bytes_pilot', 'STUDY': 'bytes'}, ['bytes_pilot', 'bytes']),
+    ('cpu_bytes_overfit.sh', {'PILOT': 'bytes_overfit_pilot', 'STUDY': 'bytes_overfit'},
+     ['bytes_overfit_pilot', 'bytes_overfit']),
+    ('cpu_bytes_stall.sh', {'RES': 'bytes_stall'}, ['bytes_stall']),
+    ('gpu_author_regime.sh', {'RES': 'gpu_author_regime'}, ['gpu_author_regime']),
+    ('gpu_author_regime.sh', {'RES': 'gpu_h100_30steps', 'STEPS': '30'}, ['gpu_h100_30steps']),
+    ('gpu_author_regime.sh', {'RES': 'gpu_h200_30steps', 'STEPS': '30'}, ['gpu_h200_30steps']),
+]
+
+
+@pytest.mark.parametrize('script,env,tables', STUDIES,
+                         ids=[s[1][next(iter(s[1]))] for s in STUDIES])
+def test_committed_study_tables_reproduce(tmp_path, script, env, tables):
+    """Each committed study table is what its script's report makes of the committed runs today
+    (REPORT_ONLY=1, its folders pointed at links to the committed ones, so that the tables and
+    charts it writes go to tmp_path, not into the repository)."""
+    exp = os.path.join(ROOT, 'experiments')
+    for name in env.values():
+        for link in (name, f'{name}_floors.json'):
+            if os.path.exists(os.path.join(exp, link)):
+                os.symlink(os.path.join(exp, link), tmp_path / link)
+    where = {k: (str(tmp_path / v) if k != 'STEPS' else v) for k, v in env.items()}
+    p = subprocess.run(['bash', os.path.join(exp, script)], capture_output=True, text=True,
+                       env={**os.environ, **where, 'REPORT_ONLY': '1', 'OMP_NUM_THREADS': '1'},
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    for t in tables:
+        with open(os.path.join(exp, f'{t}.md')) as f, open(tmp_path / f'{t}.md') as g:
+            assert g.read() == f.read(), f'experiments/{t}.md is not what {script} makes of it'
+
+
+def test_committed_chunked_loss_table_reproduces():
+    """experiments/gpu_h100_chunked_loss.md is the command experiments/README.md gives for it."""
+    d = os.path.join('experiments', 'gpu_h100_chunked_loss')
+    p = subprocess.run([PY, 'experiments/report.py', *sorted(
+        os.path.join(d, r) for r in os.listdir(os.path.join(ROOT, d))), '--speed',
+        '--floors=experiments/gpu_h100_chunked_loss_floors.json'], cwd=ROOT, capture_output=True,
+        text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    with open(os.path.join(ROOT, 'experiments', 'gpu_h100_chunked_loss.md')) as f:
+        assert p.stdout == f.read()
+
+
 def test_paired_differences_get_a_95_percent_interval(tmp_path):
     aed = write_seeds(tmp_path, 'aed', [{'arch': 'aed'}] * 3, [3.40, 3.50, 3.42])
     gpt = write_seeds(tmp_path, 'gpt', [{'arch': 'gpt'}] * 3, [3.45, 3.44, 3.50])
