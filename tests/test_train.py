@@ -224,7 +224,7 @@ def test_readme_fits_and_cites_what_it_reproduces():
     assert 'pip install -r requirements.txt\n' in readme
 
 
-CORE_BUDGET = dict(code=72_000, train_lines=400)  # the core may not grow past these
+CORE_BUDGET = dict(code=73_000, train_lines=400)  # the core may not grow past these
 
 
 def code_bytes(src):
