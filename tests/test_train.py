@@ -1022,6 +1022,14 @@ def test_full_disk_during_save(tmp_path, monkeypatch):
     assert sorted(os.listdir(out)) == ['.lock', 'ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl',
                                        'summary.json']
     assert load_ckpt(out)['step'] == 2
+    # on record as every stop: the few bytes of the log's record and summary.json still fit
+    reason = p.stderr.split('; ')[0].removeprefix('error: ')
+    resume = f'python train.py --init_from=resume --out_dir={out}'
+    assert read_log(out)[-1] == {'type': 'stop', 'step': 4, 'reason': reason,
+                                 'last_checkpoint_step': 2, 'resume': resume}
+    summary = json.load(open(os.path.join(out, 'summary.json')))
+    assert (summary['status'], summary['step'], summary['resume']) == ('stopped: ' + reason, 4,
+                                                                        resume)
 
 
 def test_full_disk_on_a_real_file_system(tmp_path):
@@ -1043,6 +1051,10 @@ def test_full_disk_on_a_real_file_system(tmp_path):
         kept = int(re.search(r'is from step (\d+)', p.stderr)[1])
         assert load_ckpt(out)['step'] == kept and not [f for f in os.listdir(out)
                                                        if f.endswith('.tmp')]
+        stop = read_log(out)[-1]  # the failed .tmp's space is free again: the stop fits
+        assert stop['type'] == 'stop' and stop['last_checkpoint_step'] == kept
+        summary = json.load(open(os.path.join(out, 'summary.json')))
+        assert summary['status'] == f"stopped: {stop['reason']}" and 'no space' in stop['reason']
     finally:
         subprocess.run(['umount', str(disk)])
 
