@@ -152,7 +152,8 @@ if os.path.isfile(meta_path):  # prepare.py's record: the model's vocabulary mus
         die(f"{meta_path} is not prepare.py's record (a JSON object): run prepare.py again")
     if meta_vocab != vocab_size:
         die(f"{data_path} holds ids of a vocabulary of {meta_vocab}, but vocab_size is "
-            f"{vocab_size}: set --vocab_size={meta_vocab} (as config/bytes_*.py do)")
+            f"{vocab_size}: " + (f"the run in {out_dir} cannot continue on this data" if ckpt
+                                 else f"set --vocab_size={meta_vocab} (as config/bytes_*.py do)"))
 tokenizer = 'bytes' if meta.get('tokenizer') == 'bytes' else 'gpt2'  # sample.py decodes with it
 
 def get_batch(data, ix):  # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one
