@@ -130,8 +130,11 @@ tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all
 data_path = os.path.join(data_dir, dataset)
 def open_split(split, limit=0):  # limit > 0: the first `limit` tokens only, none past them
     path = os.path.join(data_path, f'{split}.bin')
-    if not os.path.isfile(path):
-        die(f"{path} not found: run python prepare.py (docs/data.md)")
+    if not os.path.isfile(path):  # the command that makes this dataset
+        flags = {'wikipedia': '', 'wikipedia_bytes': ' --tokenizer=bytes'}.get(
+            dataset, f' --input=<your text> --name={dataset}')
+        flags += f' --data_dir={data_dir}' * (data_dir != 'data')
+        die(f"{path} not found: run python prepare.py{flags} (docs/data.md)")
     try:
         data = np.memmap(path, dtype=np.uint16, mode='r')
     except ValueError:  # an odd number of bytes, or none

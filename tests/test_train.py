@@ -474,7 +474,7 @@ def same_weights(a, b, atol):
 
 
 # ----------------------------------------------------------------------------- script errors
-def test_script_errors_are_one_line(tmp_path):
+def test_script_errors_are_one_line(tmp_path, monkeypatch):
     # what the parser catches is tested above; here: the scripts turn every bad input into one line
     p = run('train.py', '--lrr=1')
     assert_one_line_error(p, "unknown config key 'lrr'", "did you mean 'lr'")
@@ -482,15 +482,23 @@ def test_script_errors_are_one_line(tmp_path):
     assert_one_line_error(p, 'model config', 'arch')
     p = run('train.py', *TINY, f'--data_dir={tmp_path}', f'--out_dir={tmp_path}/out')
     assert_one_line_error(p, os.path.join(str(tmp_path), 'wikipedia', 'train.bin'),
-                          'not found: run python prepare.py (docs/data.md)')
+                          f'not found: run python prepare.py --data_dir={tmp_path} (docs/data.md)')
     assert not os.path.exists(tmp_path / 'out')  # a refused run leaves no out_dir with a lone .lock
     # an out_dir made before stays
     data = make_data(tmp_path / 'd')
     os.makedirs(tmp_path / 'empty')
     p = run('train.py', *TINY, f'--data_dir={data}', '--dataset=shakespeare_char',
             f'--out_dir={tmp_path}/empty')
-    assert_one_line_error(p, 'shakespeare_char/train.bin not found')
+    assert_one_line_error(p, 'shakespeare_char/train.bin not found: run python prepare.py '
+                          f'--input=<your text> --name=shakespeare_char --data_dir={data} ')
     assert os.listdir(tmp_path / 'empty') == []
+    # each missing dataset is told the command that makes it
+    with monkeypatch.context() as m:
+        m.chdir(tmp_path)  # no data/ here
+        for dataset, flags in [('wikipedia', ''), ('wikipedia_bytes', ' --tokenizer=bytes')]:
+            assert_one_line_error(run_here('train.py', *TINY, f'--dataset={dataset}'),
+                                  f'error: data/{dataset}/train.bin not found: run python '
+                                  f'prepare.py{flags} (docs/data.md)')
     # a mistyped config file: the nearest one; --config=FILE: config files are positional
     for arg in 'config/cpu_aed_mse_posub.py', 'cpu_aed_mse_possub.py', 'config/cpu_aed_mse_possub':
         assert_one_line_error(run_here('train.py', arg), f'config file not found: {arg} '
