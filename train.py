@@ -134,7 +134,9 @@ def open_split(split, limit=0):  # limit > 0: the first `limit` tokens only, non
         flags = {'wikipedia': '', 'wikipedia_bytes': ' --tokenizer=bytes'}.get(
             dataset, f' --input=<your text> --name={dataset}')
         flags += f' --data_dir={data_dir}' * (data_dir != 'data')
-        die(f"{path} not found: run python prepare.py{flags} (docs/data.md)")
+        die(f"{path} not found: " + (f"data_dir {data_dir} is a file, not a folder"
+                                     if os.path.isfile(data_dir)
+                                     else f"run python prepare.py{flags} (docs/data.md)"))
     try:
         data = np.memmap(path, dtype=np.uint16, mode='r')
     except ValueError:  # an odd number of bytes, or none

@@ -492,13 +492,16 @@ def test_script_errors_are_one_line(tmp_path, monkeypatch):
     assert_one_line_error(p, 'shakespeare_char/train.bin not found: run python prepare.py '
                           f'--input=<your text> --name=shakespeare_char --data_dir={data} ')
     assert os.listdir(tmp_path / 'empty') == []
-    # each missing dataset is told the command that makes it
+    # each missing dataset is told the command that makes it; a data_dir that is a file, no command
     with monkeypatch.context() as m:
         m.chdir(tmp_path)  # no data/ here
         for dataset, flags in [('wikipedia', ''), ('wikipedia_bytes', ' --tokenizer=bytes')]:
             assert_one_line_error(run_here('train.py', *TINY, f'--dataset={dataset}'),
                                   f'error: data/{dataset}/train.bin not found: run python '
                                   f'prepare.py{flags} (docs/data.md)')
+    bins = os.path.join(data, 'tiny', 'train.bin')
+    assert_one_line_error(run_here('train.py', *TINY, f'--data_dir={bins}'),
+                          f'train.bin not found: data_dir {bins} is a file, not a folder')
     # a mistyped config file: the nearest one; --config=FILE: config files are positional
     for arg in 'config/cpu_aed_mse_posub.py', 'cpu_aed_mse_possub.py', 'config/cpu_aed_mse_possub':
         assert_one_line_error(run_here('train.py', arg), f'config file not found: {arg} '
