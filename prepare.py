@@ -138,6 +138,13 @@ def wikipedia_text():
     return txt_path
 
 
+def running(pid):  # is pid a live process (a second prepare.py at work)?
+    try:
+        return os.kill(pid, 0) is None  # signal 0 only looks the process up
+    except OSError as e:
+        return isinstance(e, PermissionError)  # another user's
+
+
 def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, min_tokens=1025,
             log=print, tokenizer="gpt2"):
     """Write data_dir/name/{train.bin, val.bin, meta.json}; returns the metadata. No input: the
@@ -156,7 +163,13 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     final = {k: os.path.join(out, k) for k in ("meta.json", "train.bin", "val.bin")}
     tmp = {k: f"{p}.{os.getpid()}.tmp" for k, p in final.items()}  # never taken for finished bins
     os.makedirs(out, exist_ok=True)
-    try:
+    try:  # a kill -9 leaves its tmp files: those of a pid no longer running (not a second run's)
+        left = [f for f in sorted(os.listdir(out))
+                if (m := re.fullmatch(r".+\.(\d+)\.tmp", f)) and not running(int(m[1]))]
+        for f in left:
+            os.remove(os.path.join(out, f))
+        if left:
+            log(f"removed {', '.join(left)}: what a killed prepare.py left in {out}")
         path = input or wikipedia_text()
         threads = os.cpu_count() or 1
         plan = "writing their UTF-8 bytes" if b else f"encoding them on {threads} threads"

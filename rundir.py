@@ -183,6 +183,8 @@ class RunDir:
         try:
             write(*args)
         except CheckpointError as e:  # a full disk, a read-only out_dir: the last one is intact
+            with contextlib.suppress(SystemExit):  # on record where the few bytes still fit
+                self.record_stop(step, str(e))
             die(f"{e}; stopped at step {step}: {self.last_saved()}")
 
     def summary(self, step, status=None, locked=False):
@@ -211,6 +213,7 @@ class RunDir:
     def record_stop(self, step, reason):
         """The stop in log.jsonl and summary.json: why, where, how to go on. self.saving is held."""
         if self.master and self.started:
+            self.record_stop = lambda step, reason: None  # once: the writes below may fail too
             resume = resume_command(self.dir) if self.saved_step is not None else None
             self.log({'type': 'stop', 'step': step, 'reason': reason,
                       'last_checkpoint_step': self.saved_step, 'resume': resume})

@@ -130,8 +130,14 @@ tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all
 data_path = os.path.join(data_dir, dataset)
 def open_split(split, limit=0):  # limit > 0: the first `limit` tokens only, none past them
     path = os.path.join(data_path, f'{split}.bin')
-    if not os.path.isfile(path):
-        die(f"{path} not found: run python prepare.py (docs/data.md)")
+    if os.path.isfile(data_dir):
+        die(f"{path} not found: data_dir {data_dir} is a file, not a folder")
+    if not os.path.isfile(path):  # the command that makes this dataset
+        flags = {'wikipedia': '', 'wikipedia_bytes': ' --tokenizer=bytes'}.get(
+            dataset, f' --input=<your text> --name={dataset}')
+        if data_dir != 'data':
+            flags += f' --data_dir={data_dir}'
+        die(f"{path} not found: run python prepare.py{flags} (docs/data.md)")
     try:
         data = np.memmap(path, dtype=np.uint16, mode='r')
     except ValueError:  # an odd number of bytes, or none
@@ -151,8 +157,11 @@ if os.path.isfile(meta_path):  # prepare.py's record: the model's vocabulary mus
     except (ValueError, AttributeError):
         die(f"{meta_path} is not prepare.py's record (a JSON object): run prepare.py again")
     if meta_vocab != vocab_size:
+        advice = f"set --vocab_size={meta_vocab} (as config/bytes_*.py do)"
+        if ckpt is not None:  # a resume keeps its vocabulary
+            advice = f"the run in {out_dir} cannot continue on this data"
         die(f"{data_path} holds ids of a vocabulary of {meta_vocab}, but vocab_size is "
-            f"{vocab_size}: set --vocab_size={meta_vocab} (as config/bytes_*.py do)")
+            f"{vocab_size}: {advice}")
 tokenizer = 'bytes' if meta.get('tokenizer') == 'bytes' else 'gpt2'  # sample.py decodes with it
 
 def get_batch(data, ix):  # ix: (B,) start offsets -> x, y: (B, T) int64, y shifted by one

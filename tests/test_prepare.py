@@ -339,6 +339,34 @@ def test_a_signal_stops_it_cleanly_into_a_closed_pipe(tmp_path, enc, sig):
     assert not os.path.exists(tmp_path / "out" / "big")
 
 
+def test_a_killed_runs_tmp_files_go_with_the_next_run(tmp_path):
+    """kill -9 leaves a run's partial bins: the next run of the dataset removes them, in one line,
+    but keeps those of a second run still at work (the pid in the name is a running process)."""
+    path = write(tmp_path / "big.txt", "\n".join(make_docs(2000, seed=3)) * 100)  # 25 MB: seconds
+    proc = subprocess.Popen([sys.executable, "prepare.py", f"--input={path}",
+                             f"--data_dir={tmp_path}"], cwd=HERE, stdout=subprocess.DEVNULL)
+    train = tmp_path / "big" / f"train.bin.{proc.pid}.tmp"
+    try:
+        while not (train.exists() and train.stat().st_size) and proc.poll() is None:
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+    assert proc.wait() == -signal.SIGKILL and train.stat().st_size > 0
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "big" / f"train.bin.{live.pid}.tmp").write_bytes(b"\0" * 10)  # at work
+        logs = []
+        prepare.prepare(write(tmp_path / "small.txt", "\n".join(make_docs(300))), "big",
+                        data_dir=str(tmp_path), min_tokens=1, log=logs.append)
+    finally:
+        live.kill()
+    assert sorted(os.listdir(tmp_path / "big")) == ["meta.json", "train.bin",
+                                                    f"train.bin.{live.pid}.tmp", "val.bin"]
+    assert [m for m in logs if m.startswith("removed")] == [
+        f"removed train.bin.{proc.pid}.tmp, val.bin.{proc.pid}.tmp: what a killed prepare.py "
+        f"left in {tmp_path / 'big'}"]
+
+
 # --- errors: one line, exit code 1, no traceback --------------------------------------------------
 
 def error_of(argv, capsys, alone=False):

@@ -448,7 +448,7 @@ def same_weights(a, b, atol):
 
 
 # ----------------------------------------------------------------------------- script errors
-def test_script_errors_are_one_line(tmp_path):
+def test_script_errors_are_one_line(tmp_path, monkeypatch):
     # what the parser catches is tested above; here: the scripts turn every bad input into one line
     p = run('train.py', '--lrr=1')
     assert_one_line_error(p, "unknown config key 'lrr'", "did you mean 'lr'")
@@ -456,15 +456,26 @@ def test_script_errors_are_one_line(tmp_path):
     assert_one_line_error(p, 'model config', 'arch')
     p = run('train.py', *TINY, f'--data_dir={tmp_path}', f'--out_dir={tmp_path}/out')
     assert_one_line_error(p, os.path.join(str(tmp_path), 'wikipedia', 'train.bin'),
-                          'not found: run python prepare.py (docs/data.md)')
+                          f'not found: run python prepare.py --data_dir={tmp_path} (docs/data.md)')
     assert not os.path.exists(tmp_path / 'out')  # a refused run leaves no out_dir with a lone .lock
     # an out_dir made before stays
     data = make_data(tmp_path / 'd')
     os.makedirs(tmp_path / 'empty')
     p = run('train.py', *TINY, f'--data_dir={data}', '--dataset=shakespeare_char',
             f'--out_dir={tmp_path}/empty')
-    assert_one_line_error(p, 'shakespeare_char/train.bin not found')
+    assert_one_line_error(p, 'shakespeare_char/train.bin not found: run python prepare.py '
+                          f'--input=<your text> --name=shakespeare_char --data_dir={data} ')
     assert os.listdir(tmp_path / 'empty') == []
+    # each missing dataset is told the command that makes it; a data_dir that is a file, no command
+    with monkeypatch.context() as m:
+        m.chdir(tmp_path)  # no data/ here
+        for dataset, flags in [('wikipedia', ''), ('wikipedia_bytes', ' --tokenizer=bytes')]:
+            assert_one_line_error(run_here('train.py', *TINY, f'--dataset={dataset}'),
+                                  f'error: data/{dataset}/train.bin not found: run python '
+                                  f'prepare.py{flags} (docs/data.md)')
+    bins = os.path.join(data, 'tiny', 'train.bin')
+    assert_one_line_error(run_here('train.py', *TINY, f'--data_dir={bins}'),
+                          f'train.bin not found: data_dir {bins} is a file, not a folder')
     # a mistyped config file: the nearest one; --config=FILE: config files are positional
     for arg in 'config/cpu_aed_mse_posub.py', 'cpu_aed_mse_possub.py', 'config/cpu_aed_mse_possub':
         assert_one_line_error(run_here('train.py', arg), f'config file not found: {arg} '
@@ -821,7 +832,7 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
 
 
 # ----------------------------------------------------------------------- bad input, damage, signals
-def test_bad_values_and_data_are_one_line(tmp_path):
+def test_bad_values_and_data_are_one_line(tmp_path, tiny_ckpt):
     nodata = [*TINY, f'--data_dir={tmp_path}', '--dataset=none', f'--out_dir={tmp_path}/out']
     for arg, words in [('--lr=-1', 'lr must be > 0, got -1.0'), ('--lr=0', 'lr must be > 0'),
                        ('--min_lr=-1', 'min_lr must be >= 0'), ('--lr=1e999', 'lr must be finite'),
@@ -859,6 +870,12 @@ def test_bad_values_and_data_are_one_line(tmp_path):
                                    f'--out_dir={tmp_path}/bytes/out'),
                           'holds ids of a vocabulary of 256, but vocab_size is 1024',
                           '--vocab_size=256')
+    out = str(tmp_path / 'resumed')  # a resume cannot change vocab_size: no advice to set it
+    shutil.copytree(tiny_ckpt, out)
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', f'--data_dir={d}',
+                 '--dataset=tiny', '--train_steps=6')
+    assert_one_line_error(p, 'holds ids of a vocabulary of 256, but vocab_size is 1024: the run in '
+                          f'{out} cannot continue on this data')
     (tmp_path / 'bytes' / 'tiny' / 'meta.json').write_text('[256]')  # JSON, but not prepare.py's
     assert_one_line_error(run_here('train.py', *TINY, f'--data_dir={d}', '--dataset=tiny',
                                    f'--out_dir={tmp_path}/bytes/out2'),
@@ -997,6 +1014,14 @@ def test_full_disk_during_save(tmp_path, monkeypatch):
     assert sorted(os.listdir(out)) == ['.lock', 'ckpt_best.pt', 'ckpt_last.pt', 'log.jsonl',
                                        'summary.json']
     assert load_ckpt(out)['step'] == 2
+    # on record as every stop: the few bytes of the log's record and summary.json still fit
+    reason = p.stderr.split('; ')[0].removeprefix('error: ')
+    resume = f'python train.py --init_from=resume --out_dir={out}'
+    assert read_log(out)[-1] == {'type': 'stop', 'step': 4, 'reason': reason,
+                                 'last_checkpoint_step': 2, 'resume': resume}
+    summary = json.load(open(os.path.join(out, 'summary.json')))
+    assert (summary['status'], summary['step'], summary['resume']) == ('stopped: ' + reason, 4,
+                                                                        resume)
 
 
 def test_full_disk_on_a_real_file_system(tmp_path):
@@ -1018,6 +1043,10 @@ def test_full_disk_on_a_real_file_system(tmp_path):
         kept = int(re.search(r'is from step (\d+)', p.stderr)[1])
         assert load_ckpt(out)['step'] == kept and not [f for f in os.listdir(out)
                                                        if f.endswith('.tmp')]
+        stop = read_log(out)[-1]  # the failed .tmp's space is free again: the stop fits
+        assert stop['type'] == 'stop' and stop['last_checkpoint_step'] == kept
+        summary = json.load(open(os.path.join(out, 'summary.json')))
+        assert summary['status'] == f"stopped: {stop['reason']}" and 'no space' in stop['reason']
     finally:
         subprocess.run(['umount', str(disk)])
 
