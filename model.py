@@ -268,8 +268,8 @@ class Transformer(nn.Module):
 
     def forward(self, idx, targets=None, return_logits=True):
         """idx, targets: (B, T) -> (logits (B, T, vocab_size), or None if not return_logits; loss or
-        None; the loss's parts, detached: {'ce': ...} and, with the embedding loss, 'emb'). The loss:
-        ce + coeff * embedding loss in training mode, ce in eval mode."""
+        None; the loss's parts, detached: {'ce': ...}, and 'emb' with the embedding loss). The
+        loss: ce + coeff * embedding loss in training mode, ce in eval mode."""
         c = self.config
         out, E, enc = self.hidden_states(idx)
         logits = self.head(out)

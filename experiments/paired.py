@@ -27,7 +27,7 @@ GPT, AED = 'baseline', 'aed_mse_possub'
 
 
 def read(run):
-    """{'est': {step: (train, val)}, 'whole_last', 'whole_best'} of a finished run's committed logs."""
+    """A finished run's committed logs: {'est': {step: (train, val)}, 'whole_last', ...}."""
     s = json.load(open(os.path.join(run, 'summary.json')))
     est = {}
     for line in open(os.path.join(run, 'log.jsonl')):
@@ -66,7 +66,8 @@ def pairs(folder):
 def differences(gpt, aed, steps):
     """AED - GPT of one seed: {measure: difference or None}."""
     last = aed['last']
-    d = {'end': aed['whole_last'] - gpt['whole_last'], 'best': aed['whole_best'] - gpt['whole_best']}
+    d = {'end': aed['whole_last'] - gpt['whole_last'],
+         'best': aed['whole_best'] - gpt['whole_best']}
     for s in steps:
         d[f'step {s:,}'] = aed['est'][s][1] - gpt['est'][s][1] if s in aed['est'] else None
     gpt_val = val_at_train_loss(gpt['est'], aed['est'][last][0])

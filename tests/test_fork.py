@@ -32,8 +32,9 @@ FIELD = ('    embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms ha
          '    mlp_ratio: int = 4  # fork: the MLP\'s width over n_embed\n')
 FIELD_USE = ('4 * C', 'c.mlp_ratio * C')
 RETURN_LOSS = '        return logits if return_logits else None, loss, parts\n'
-Z_LOSS = (RETURN_LOSS, '        z = 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()  # fork: a z-loss\n'
-                       '        loss, parts["z"] = loss + z, z.detach()\n' + RETURN_LOSS, 'replace')
+Z_LOSS = (RETURN_LOSS,
+          '        z = 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()  # fork: a z-loss\n'
+          '        loss, parts["z"] = loss + z, z.detach()\n' + RETURN_LOSS, 'replace')
 
 
 def fork(tmp_path, *edits):
