@@ -165,7 +165,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
     os.makedirs(out, exist_ok=True)
     try:  # a kill -9 leaves its tmp files: those of a pid no longer running (not a second run's)
         left = [f for f in sorted(os.listdir(out))
-                if (m := re.fullmatch(r".+\.(\d+)\.tmp", f)) and not running(int(m[1]))]
+                if (m := re.fullmatch(r".+\.(\d{1,9})\.tmp", f)) and not running(int(m[1]))]
         for f in left:
             os.remove(os.path.join(out, f))
         if left:
