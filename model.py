@@ -181,6 +181,16 @@ class KVCache:
         return self.k[i], self.v[i], pos.view(-1, 1) >= slots
 
 
+# x.cumsum(dim=1), compiled as eager's ATen kernel (Inductor's own failed on CUDA: docs/gpu.md)
+@torch.library.custom_op("aed::cumsum_time", mutates_args=())
+def cumsum_time(x: torch.Tensor) -> torch.Tensor:
+    return x.cumsum(dim=1)
+
+
+cumsum_time.register_fake(lambda x: torch.empty_like(x))
+cumsum_time.register_autograd(lambda ctx, grad: cumsum_time(grad.flip(1)).flip(1))  # as ATen's
+
+
 class Transformer(nn.Module):
     """The GPT baseline (arch='gpt') or the AED model (arch='aed'); see the module docstring."""
 
@@ -372,13 +382,3 @@ class Transformer(nn.Module):
 
 def build_model(config):
     return Transformer(config)
-
-
-# x.cumsum(dim=1), compiled as eager's ATen kernel (Inductor's own failed on CUDA: docs/gpu.md)
-@torch.library.custom_op("aed::cumsum_time", mutates_args=())
-def cumsum_time(x: torch.Tensor) -> torch.Tensor:
-    return x.cumsum(dim=1)
-
-
-cumsum_time.register_fake(lambda x: torch.empty_like(x))
-cumsum_time.register_autograd(lambda ctx, grad: cumsum_time(grad.flip(1)).flip(1))  # as ATen's
