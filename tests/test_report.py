@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -191,25 +192,11 @@ def test_bad_input(tmp_path):
     one_line_error(run_report(d, '--ymin=low'), '--ymin must be a number')
 
 
-def test_real_training_run_end_to_end(tmp_path):
-    # a tiny AED run of train.py (the tiny data of test_train.py: a repeated random sentence)
-    rng = np.random.default_rng(0)
-    sentence = rng.integers(0, 50257, size=61)
-    os.makedirs(tmp_path / 'tiny')
-    for split, n in (('train', 3000), ('val', 1000)):
-        np.tile(sentence, n // 61 + 1)[:n].astype(np.uint16).tofile(
-            str(tmp_path / 'tiny' / f'{split}.bin'))
+def test_real_training_run_end_to_end(tmp_path, tiny_runs):
+    # the tiny AED run of train.py every test shares (conftest.tiny_runs: 40 steps of 4 x 2
+    # sequences of 16 tokens on the tiny data of 6,000 train tokens, a repeated random sentence)
     out = tmp_path / 'out-tiny'
-    args = ['--arch=aed', '--n_layer=1', '--n_embed=16', '--n_head=2', '--context_size=16',
-            '--vocab_size=50257', '--embedding_loss_type=MSE', '--embedding_loss_coeff=8.0',
-            '--sub_pos_embed_to_decoder=YES_NO_LN', '--batch_size=4',
-            '--gradient_accumulation_steps=1', '--lr=3e-3', '--warmup_iters=1',
-            '--lr_decay_iters=1000', '--est_steps=1', '--est_interval=3', '--train_steps=6',
-            '--compile=False', '--dtype=float32', '--device=cpu', '--log_interval=100',
-            f'--data_dir={tmp_path}', '--dataset=tiny', f'--out_dir={out}']
-    p = subprocess.run([PY, 'train.py', *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr
+    shutil.copytree(tiny_runs['full'], out)
     summary = json.load(open(out / 'summary.json'))
     log = [json.loads(line) for line in open(out / 'log.jsonl')]
     last_est = [r for r in log if r['type'] == 'est'][-1]
@@ -222,15 +209,16 @@ def test_real_training_run_end_to_end(tmp_path):
     best = min((r for r in log if r['type'] == 'est'), key=lambda r: r['val'])
     assert row[1:8] == [f"{last_est['train']:.3f}", f"{last_est['val']:.3f}",
                         f"{best['val']:.3f} ({best['step']})", f"{last_step['emb']:.3e}",
-                        f"{summary['params']:,}", '1337', '6']
-    assert row[8:10] == [f"{6 * 4 * 16 / 3000:.2f}", f"{6 * 4 * 16:,}"]  # epochs, tokens
+                        f"{summary['params']:,}", '1337', '40']
+    assert row[8:10] == [f"{40 * 4 * 2 * 16 / 6000:.2f}", f"{40 * 4 * 2 * 16:,}"]  # epochs, tokens
     assert row[11:] == [f"{summary['whole_val_last']:.3f}", f"{summary['whole_val_best']:.3f}"]
     speed = run_report(out, '--speed').stdout.split('Speed')[1]
     commit = summary['commit'][:7] + '+' * summary['tree_changed']
     cpu = f"{summary['cpu']} ({summary['cpu_count']} CPUs)"
     assert f"| {commit} | {summary['threads']} | {cpu} |" in speed
     paths = ET.parse(svg).getroot().findall(f'.//{SVG}path')
-    assert len(paths) == 1 and paths[0].get('d').count('L') == 2  # estimates at steps 0, 3, 6
+    # estimates at steps 0, 10, 20, 30, 40
+    assert len(paths) == 1 and paths[0].get('d').count('L') == 4
 
 
 # ----------------------------------------------------------------------------- the CPU configs
