@@ -832,15 +832,42 @@ print("equal", all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(co
     # parallel loop and so no atomic adds for the aten way to do without
     env = dict(os.environ, PYTHONPATH=ROOT, TORCHINDUCTOR_FX_GRAPH_CACHE='0',
                TORCHINDUCTOR_AUTOGRAD_CACHE='0', OMP_NUM_THREADS='2')
-    out = {}
-    for way in ('inductor', 'aten'):
-        p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), way, '--',
-                            'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=300)
-        assert p.returncode == 0, p.stderr
-        out[way] = p.stdout.split()
-    assert out['inductor'] == ['atomics', 'True', 'equal', 'True']  # the probe's subject
-    assert out['aten'] == ['atomics', 'False', 'equal', 'True']
+    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'aten', '--',
+                        'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ['atomics', 'False', 'equal', 'True']
+    # the probe's subject, compiled in this process on the same two threads: Inductor's own code
+    # for the embedding's backward adds with atomics
+    import torch._functorch.config
+    import torch._inductor.config
+    from torch._inductor.utils import run_and_get_code
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        wte = torch.nn.Embedding(50, 16)
+        x = torch.randint(0, 50, (2, 8))
+        x[:, :4] = 3  # one id many times
+        wte(x).pow(2).sum().backward()
+        eager, wte.weight.grad = wte.weight.grad, None
+        with torch._inductor.config.patch(fx_graph_cache=False), \
+                torch._functorch.config.patch(enable_autograd_cache=False):
+            _, code = run_and_get_code(lambda: torch.compile(wte)(x).pow(2).sum().backward())
+    finally:
+        torch.set_num_threads(threads)
+        torch._dynamo.reset()
+    assert any('atomic_add' in c for c in code)
+    assert torch.allclose(wte.weight.grad, eager, rtol=1e-5, atol=1e-7)
+    # the inductor way is train.py as it is
+    (tmp_path / 'plain').mkdir()
+    (tmp_path / 'plain' / 'train.py').write_text('import sys, torch\nprint(sys.argv[1:], '
+                                                 'torch.nn.Embedding.forward.__name__)\n')
+    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'inductor', '--',
+                        'train.py', '--x=1'], cwd=tmp_path / 'plain', env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert (p.returncode, p.stdout) == (0, "['--x=1'] forward\n"), p.stderr
     # a way it does not know, no `--`, a profile without its JSON: one line, before train.py runs
     for args in (['pad64', '--', 'train.py'], ['aten', 'train.py'], ['profile', '--', 'train.py']):
         p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), *args],
