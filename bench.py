@@ -13,7 +13,7 @@ Prints a table and writes the figures as JSON (out_json).
 
     python bench.py                     # sections 1-5; docs/performance.md says how long, on what
     python bench.py --sections=memory   # some sections (train,generate,data,prepare,memory,step)
-    python bench.py --quick             # about a minute
+    python bench.py --quick             # half a minute: a check of the plumbing
     python bench.py --sections=step     # on a GPU: the author's step in variants (docs/gpu.md)
     python bench.py --sections=params   # each config's params and FLOPs/token (seconds, no timing)
     python bench.py config/bytes_baseline.py config/bytes_aed_mse_possub.py --repeats=30
@@ -50,7 +50,7 @@ from configurator import (ConfigError, collect_defaults, die, first_line, load_c
 from model import ModelConfig, build_model
 
 # -----------------------------------------------------------------------------
-quick = False  # about a minute instead of about seven (small models only, no compiled variants)
+quick = False  # a check of the plumbing in seconds: small models at batch 4, nothing compiled
 device = "auto"  # 'auto' (cuda if available), 'cpu', 'cuda'
 repeats = 0  # timed runs per measurement (generation: a third as many); 0: 3 with quick, else 5
 out_json = "bench.json"
@@ -68,6 +68,7 @@ config_files, config_overrides, configs = [], [], []  # the train section's, whe
 # nanoGPT's train.py on its reference config here: 4 layers, 128 wide, 4 heads, GPT-2 vocab,
 # batch 16 x 128
 NANOGPT_REF = dict(arch="gpt", n_layer=4, n_embed=128, n_head=4, context_size=128)
+QUICK_BATCH = 4  # quick: the small models' batch (16 otherwise), a check of the plumbing
 SMALL_AED = dict(arch="aed", n_layer=2, n_embed=128, n_head=4, context_size=128,
                  embedding_loss_type="MSE", embedding_loss_coeff=8.0,
                  sub_pos_embed_to_decoder="YES_NO_LN")
@@ -199,7 +200,8 @@ def bench_train():
     # (a) the nanoGPT reference config, eager and compiled; and the small AED, eager and compiled,
     # against it (the small pair's GPT is ours on this config): all in one interleaved group, each
     # model built once
-    print("training, nanoGPT's reference config (4 x 128, 4 heads, batch 16 x 128) and the "
+    bs = QUICK_BATCH if quick else 16
+    print(f"training, nanoGPT's reference config (4 x 128, 4 heads, batch {bs} x 128) and the "
           "small AED (2 + 2 x 128):", flush=True)
     variants = {"ours, eager": (NANOGPT_REF, {}),
                 "ours, torch.compile": (NANOGPT_REF, dict(compiled=True)),
@@ -209,9 +211,9 @@ def bench_train():
         del variants["ours, torch.compile"], variants["AED small compiled"]
     fns, raws = {}, {}
     for label, (kw, opts) in variants.items():
-        fns[label], raws[label] = train_step_fn(kw, 16, **opts)
+        fns[label], raws[label] = train_step_fn(kw, bs, **opts)
     for label, s in interleaved(fns, repeats).items():
-        record(label, variants[label][0], 16, s, raws[label])
+        record(label, variants[label][0], bs, s, raws[label])
     for tag, ours in (("eager", "ours, eager"), ("compiled", "ours, torch.compile")):
         # the small pair's GPT: the same model, step and timings as ours on the reference config
         if ours in fns:
@@ -763,9 +765,10 @@ def bench_data():
             with open(os.path.join(data, "val.bin"), "wb") as g:
                 g.write(f.read(2 * 2048))  # uint16
         steps = 2 + repeats if quick else 8  # the first 2 are not timed (warm-up)
+        bs = QUICK_BATCH if quick else 16
         cmd = [sys.executable, "train.py", f"--out_dir={tmp}/out", f"--data_dir={tmp}/data",
                "--arch=gpt", "--n_layer=4", "--n_embed=128", "--n_head=4", "--context_size=128",
-               "--batch_size=16", "--gradient_accumulation_steps=1", f"--train_steps={steps}",
+               f"--batch_size={bs}", "--gradient_accumulation_steps=1", f"--train_steps={steps}",
                f"--est_interval={10 * steps}", "--est_steps=1", "--compile=False",
                f"--device={device_type}"]
         run(cmd)
@@ -778,7 +781,7 @@ def bench_data():
            "batches_per_s": 1000 / data_ms if data_ms > 0 else float("inf")}
     results["data"] = row
     print(f"  data loading {data_ms:.2f} ms of a {step_ms:.0f} ms step ({row['share']:.2%}); "
-          f"{row['batches_per_s']:.0f} batches/s (16 x 128)", flush=True)
+          f"{row['batches_per_s']:.0f} batches/s ({bs} x 128)", flush=True)
 
 
 def bench_prepare():
@@ -789,7 +792,7 @@ def bench_prepare():
     from tokenizer import get_encoding
 
     with open(prepare.wikipedia_text(), encoding="utf-8") as f:
-        text = f.read() * (2 if quick else 4)
+        text = f.read() * (1 if quick else 4)
     docs = text.split(prepare.EOT)
     mb = len(text.encode("utf-8")) / 1e6
     enc = get_encoding()
@@ -852,7 +855,8 @@ def proc_status_mb(field):
 
 def bench_memory():
     rows = []
-    configs = [("GPT small", NANOGPT_REF, 16), ("AED small", SMALL_AED, 16)]
+    bs = QUICK_BATCH if quick else 16
+    configs = [("GPT small", NANOGPT_REF, bs), ("AED small", SMALL_AED, bs)]
     if not quick:
         configs += [("GPT author 16M", AUTHOR_GPT, 4), ("AED author 16M", AUTHOR_AED, 4)]
     for name, kw, bs in configs:

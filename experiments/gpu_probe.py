@@ -19,14 +19,15 @@ import runpy
 import sys
 import tempfile
 
-import torch
-import torch.nn.functional as F
-
 WAYS = ("inductor", "aten", "profile", "nocudnn", "shapepad", "fused")
 head = sys.argv[1:sys.argv.index("--")] if "--" in sys.argv else []
 if not 1 <= len(head) <= 2 or head[0] not in WAYS or head[0] == "profile" and len(head) < 2:
     sys.exit(f"usage: python experiments/gpu_probe.py WAY [OUT_JSON] -- train.py ARGS... (WAY: one "
-             f"of {', '.join(WAYS)}; profile needs OUT_JSON)")
+             f"of {', '.join(WAYS)}; profile needs OUT_JSON)")  # at once, before importing torch
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
 way, out_json = head[0], head[1] if len(head) > 1 else None
 sys.argv = sys.argv[sys.argv.index("--") + 1:]
 sys.path.insert(0, os.getcwd())  # train.py's own imports

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, run_here
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
 CORE = ['model.py', 'train.py', 'sample.py', 'configurator.py', 'checkpoint.py', 'rundir.py',
@@ -53,8 +53,10 @@ def fork(tmp_path, *edits):
     return d
 
 
-def byte_data(root):
-    """A tiny byte dataset as prepare.py --tokenizer=bytes writes it."""
+@pytest.fixture(scope='module')
+def data(tmp_path_factory):
+    """A tiny byte dataset as prepare.py --tokenizer=bytes writes it (read only)."""
+    root = tmp_path_factory.mktemp('fork_data')
     d = root / 'data' / 'tiny'
     d.mkdir(parents=True, exist_ok=True)
     text = np.frombuffer(b'the cat sat on the mat; the dog sat on the log. ' * 60, np.uint8)
@@ -64,88 +66,147 @@ def byte_data(root):
     return str(root / 'data')
 
 
-def run(cwd, *args, torchrun=False):
-    launch = ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'] if torchrun \
-        else []
-    p = subprocess.run([sys.executable, *launch, *args], cwd=cwd, env=ENV, capture_output=True,
+@pytest.fixture(scope='module')
+def base(tmp_path_factory, data):
+    """The unforked code's run of 2 steps, the one the forks that load older checkpoints start
+    from (read only: copy it first)."""
+    out = str(tmp_path_factory.mktemp('fork_base') / 'out')
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+                 '--train_steps=2')
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+# the fork's scripts one after another in one process: the fork's modules are the ones imported
+DRIVER = """
+import importlib.util, json, shutil, sys
+fork, calls, conftest = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+sys.path.insert(0, fork)
+spec = importlib.util.spec_from_file_location('shared', conftest)
+shared = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shared)
+results = []
+for call in calls:
+    if call[0] == 'copy':
+        shutil.copy(*call[1:])
+        continue
+    p = shared.run_here(*call, root=fork)
+    results.append([p.returncode, p.stdout, p.stderr])
+    if p.returncode:
+        break
+print(json.dumps(results))
+"""
+
+
+def run_fork(code, *calls):
+    """The fork's scripts, as `python script args` in the fork would run them, one after another in
+    one process of their own (one torch import for all): each (script, *args) must succeed without
+    a traceback; ('copy', src, dst) copies a file between two of them. Their CompletedProcesses."""
+    p = subprocess.run([sys.executable, '-c', DRIVER, str(code), json.dumps(calls),
+                        os.path.join(ROOT, 'conftest.py')], cwd=code, env=ENV,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    scripts = [c for c in calls if c[0] != 'copy']
+    done = [subprocess.CompletedProcess(c, *r) for c, r in zip(scripts, json.loads(p.stdout))]
+    for r in done:
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert 'Traceback' not in r.stderr, r.stderr
+    return done
+
+
+def torchrun(cwd, *args):
+    p = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                        '--nproc_per_node=2', *args], cwd=cwd, env=ENV, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert 'Traceback' not in p.stderr, p.stderr
     return p
 
 
-def train_resume_sample(code, data, out, steps=(2, 4), torchrun=False, extra=(), first=None):
+SAMPLE = ('sample.py', '--device=cpu', '--num_samples=1', '--max_new_tokens=8', '--start=the ')
+
+
+def train_resume_sample(code, data, out, steps=(2, 4), extra=(), snapshot=None):
     """Train `steps[0]` steps, resume to `steps[1]`, sample a few bytes: every one must work.
-    first(): called between the first run and the resume."""
+    snapshot: where to copy the first run's checkpoint before the resume."""
     common = [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}']
-    run(code, 'train.py', *TINY, *common, f'--train_steps={steps[0]}', *extra, torchrun=torchrun)
-    first and first()
-    run(code, 'train.py', *common, '--init_from=resume', f'--train_steps={steps[1]}',
-        torchrun=torchrun)
+    copy = [('copy', os.path.join(out, 'ckpt_last.pt'), snapshot)] if snapshot else []
+    resume = ('train.py', *common, '--init_from=resume', f'--train_steps={steps[1]}')
+    *_, p = run_fork(code, ('train.py', *TINY, *common, f'--train_steps={steps[0]}', *extra),
+                     *copy, resume, (*SAMPLE, f'--out_dir={out}'))
     assert json.load(open(os.path.join(out, 'summary.json')))['step'] == steps[1]
-    p = run(code, 'sample.py', f'--out_dir={out}', '--device=cpu', '--num_samples=1',
-            '--max_new_tokens=8', '--start=the ')
     assert p.stdout.startswith('the '), p.stdout
 
 
 def weights(out, name='last'):
-    return torch.load(os.path.join(out, f'ckpt_{name}.pt'), weights_only=True)['model']
+    path = out if out.endswith('.pt') else os.path.join(out, f'ckpt_{name}.pt')
+    return torch.load(path, weights_only=True)['model']
 
 
-@pytest.mark.parametrize('torchrun', [False, True], ids=['one process', '2-rank gloo'])
-def test_a_frozen_parameter_stays_put(tmp_path, torchrun):
-    """Frozen: no gradient, no place in the optimizer, no weight decay (which moved it before),
-    with DDP too; the rest trains."""
-    code, data, out = fork(tmp_path, FREEZE), byte_data(tmp_path), str(tmp_path / 'out')
-    start = {}
-    train_resume_sample(code, data, out, steps=(0, 4), torchrun=torchrun,
-                        extra=['--weight_decay=0.5'], first=lambda: start.update(weights(out)))
-    end = weights(out)
-    assert torch.equal(start['wpe.weight'], end['wpe.weight'])
-    assert not torch.equal(start['wte.weight'], end['wte.weight'])
+def test_a_frozen_parameter_stays_put(tmp_path, data):
+    """Frozen: no gradient, no place in the optimizer, no weight decay (which moved it before);
+    the rest trains."""
+    code, out, start = fork(tmp_path, FREEZE), str(tmp_path / 'out'), str(tmp_path / 'start.pt')
+    train_resume_sample(code, data, out, steps=(0, 4), extra=['--weight_decay=0.5'],
+                        snapshot=start)
+    assert torch.equal(weights(start)['wpe.weight'], weights(out)['wpe.weight'])
+    assert not torch.equal(weights(start)['wte.weight'], weights(out)['wte.weight'])
 
 
-def test_a_parameter_frozen_after_the_checkpoint_resumes(tmp_path):
+def test_a_frozen_parameter_stays_put_under_ddp(tmp_path, data):
+    """The same with DDP: 2 gloo ranks train the fork's checkpoint of step 0 on, and a process of
+    the fork samples what they saved."""
+    code, out, start = fork(tmp_path, FREEZE), str(tmp_path / 'out'), str(tmp_path / 'start.pt')
+    common = [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}']
+    run_fork(code, ('train.py', *TINY, *common, '--train_steps=0', '--weight_decay=0.5'))
+    shutil.copy(os.path.join(out, 'ckpt_last.pt'), start)
+    p = torchrun(code, 'train.py', *common, '--init_from=resume', '--train_steps=4')
+    assert '2 process(es)' in p.stdout, p.stdout
+    assert json.load(open(os.path.join(out, 'summary.json')))['step'] == 4
+    p, = run_fork(code, (*SAMPLE, f'--out_dir={out}'))
+    assert p.stdout.startswith('the '), p.stdout
+    assert torch.equal(weights(start)['wpe.weight'], weights(out)['wpe.weight'])
+    assert not torch.equal(weights(start)['wte.weight'], weights(out)['wte.weight'])
+
+
+def test_a_parameter_frozen_after_the_checkpoint_resumes(tmp_path, data, base):
     """A run of the unforked code, resumed by a fork that freezes wpe: the saved AdamW state no
     longer fits the trainable parameters, so AdamW starts afresh, said in one line; the weights
     resume, the frozen one stays put."""
-    data, out = byte_data(tmp_path), str(tmp_path / 'out')
-    common = [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}']
-    run(ROOT, 'train.py', *TINY, *common, '--train_steps=2')
-    start = weights(out)
-    p = run(fork(tmp_path, FREEZE), 'train.py', *common, '--init_from=resume', '--train_steps=4')
+    out = str(tmp_path / 'out')
+    shutil.copytree(base, out)
+    p, = run_fork(fork(tmp_path, FREEZE), ('train.py', f'--out_dir={out}', '--init_from=resume',
+                                            '--train_steps=4'))
     assert [line for line in p.stderr.splitlines() if 'AdamW' in line] == [
         "warning: the optimizer state does not fit (ValueError: loaded state dict contains a "
         "parameter group that doesn't match the size of optimizer's group): AdamW starts afresh"
     ], p.stderr
-    end = weights(out)
+    start, end = weights(base), weights(out)
     assert torch.equal(start['wpe.weight'], end['wpe.weight'])
     assert not torch.equal(start['wte.weight'], end['wte.weight'])
 
 
-def test_a_parameter_on_some_blocks(tmp_path):
+def test_a_parameter_on_some_blocks(tmp_path, data):
     """A parameter on every other block: its checkpoint resumes and samples."""
-    code, data = fork(tmp_path, GATE), byte_data(tmp_path)
-    train_resume_sample(code, data, str(tmp_path / 'out'))
+    train_resume_sample(fork(tmp_path, GATE), data, str(tmp_path / 'out'))
     assert 'blocks.1.gate' in weights(str(tmp_path / 'out'))
 
 
-def test_a_config_field_with_a_default_loads_older_checkpoints(tmp_path):
+def test_a_config_field_with_a_default_loads_older_checkpoints(tmp_path, data, base):
     """A ModelConfig field added with a default: the checkpoints written before it resume and
     sample with that default, and the new key trains."""
-    data, out = byte_data(tmp_path), str(tmp_path / 'out')
-    run(ROOT, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
-        '--train_steps=2')
-    code = fork(tmp_path, FIELD, (*FIELD_USE, 'replace'))
-    run(code, 'train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=4')
-    run(code, 'sample.py', f'--out_dir={out}', '--device=cpu', '--num_samples=1',
-        '--max_new_tokens=4')
+    out = str(tmp_path / 'out')
+    shutil.copytree(base, out)
+    run_fork(fork(tmp_path, FIELD, (*FIELD_USE, 'replace')),
+             ('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=4'),
+             ('sample.py', f'--out_dir={out}', '--device=cpu', '--num_samples=1',
+              '--max_new_tokens=4'),
+             ('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', '--mlp_ratio=2',
+              f'--out_dir={tmp_path}/narrow', '--train_steps=2'))
+    assert json.load(open(os.path.join(out, 'summary.json')))['step'] == 4
     assert weights(out)['blocks.0.mlp.c_fc.weight'].shape == (64, 16)
-    run(code, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', '--mlp_ratio=2',
-        f'--out_dir={tmp_path}/narrow', '--train_steps=2')
     assert weights(str(tmp_path / 'narrow'))['blocks.0.mlp.c_fc.weight'].shape == (32, 16)
 
 
-def test_a_loss_term_in_forward(tmp_path):
-    code, data = fork(tmp_path, Z_LOSS), byte_data(tmp_path)
-    train_resume_sample(code, data, str(tmp_path / 'out'))
+def test_a_loss_term_in_forward(tmp_path, data):
+    train_resume_sample(fork(tmp_path, Z_LOSS), data, str(tmp_path / 'out'))

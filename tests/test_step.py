@@ -10,7 +10,8 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 import model as model_py
 from model import build_model
-from test_train import TINY, assert_one_line_error, make_data, run_here
+from conftest import TINY, make_data, run_here
+from test_train import assert_one_line_error
 
 
 def recorder(monkeypatch, forwards=True):

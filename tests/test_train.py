@@ -3,15 +3,12 @@ Tests of configurator.py, train.py, rundir.py, sample.py and checkpoint.py. The 
 run them (subprocesses; cases that need no process of their own run in this process through
 run_here) on tiny models and tiny generated data.
 """
-import contextlib
 import errno
-import gc
 import io
 import json
 import math
 import os
 import re
-import runpy
 import shlex
 import shutil
 import signal
@@ -27,18 +24,11 @@ import pytest
 import torch
 
 from configurator import ConfigError, collect_defaults, load_config
-from conftest import signal_after_reader_gone, train_defaults
+from conftest import (ENV, TINY, TINY_RUN_STEPS, make_data, run_here, signal_after_reader_gone,
+                      train_defaults)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 PY = sys.executable
-
-# a tiny AED model (with the MSE embedding loss and the positional subtraction) on a tiny corpus
-TINY = ['--arch=aed', '--vocab_size=1024', '--n_layer=1', '--n_embed=16', '--n_head=2',
-        '--context_size=16', '--embedding_loss_type=MSE', '--sub_pos_embed_to_decoder=YES_NO_LN',
-        '--batch_size=4', '--gradient_accumulation_steps=2', '--lr=3e-3', '--warmup_iters=2',
-        '--lr_decay_iters=1000', '--est_steps=2', '--compile=False', '--dtype=float32',
-        '--device=cpu']
-
 
 # ----------------------------------------------------------------------------- configurator
 DEFAULTS = {'lr': 9e-4, 'batch_size': 50, 'compile': True, 'out_dir': 'out', 'detach_type': None,
@@ -367,50 +357,9 @@ def test_author_configs_param_counts():
 
 
 # ----------------------------------------------------------------------------- helpers
-# one thread per process: tiny models gain nothing from two, and lose a lot when the cores are busy
-ENV = dict(os.environ, OMP_NUM_THREADS='1')
-
-
 def run(script, *args, timeout=120):
     return subprocess.run([PY, script, *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=ENV)
-
-
-def make_data(root, n_train=6000, n_val=1500):
-    # a fixed random 61-token "sentence", repeated: learnable in a few dozen steps
-    # (ids < TINY's vocab_size)
-    rng = np.random.default_rng(0)
-    sentence = rng.integers(0, 1024, size=61)
-    d = os.path.join(root, 'tiny')
-    os.makedirs(d, exist_ok=True)
-    for split, n in (('train', n_train), ('val', n_val)):
-        seq = np.tile(sentence, n // 61 + 1)[:n].astype(np.uint16)
-        seq.tofile(os.path.join(d, f'{split}.bin'))
-    return str(root)
-
-
-def run_here(script, *args):
-    """Run a script in this process, as `python script args` would (exit status, stdout, stderr),
-    for the cases that need no process of their own (no signals, no second run alive): no torch
-    import each time."""
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM,
-                                                      signal.SIGPIPE)}
-    out, err, argv, status = io.StringIO(), io.StringIO(), sys.argv, 0
-    sys.argv = [script, *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                torch.random.fork_rng():
-            runpy.run_path(os.path.join(ROOT, script), run_name='__main__')
-    except SystemExit as e:
-        status = e.code
-    finally:
-        sys.argv = argv
-        for sig, h in handlers.items():
-            signal.signal(sig, h)
-        signal.set_wakeup_fd(-1)  # train.py's signal pipe: this process's signals are its own again
-        sys.excepthook = sys.__excepthook__  # (train.py's holds its run)
-        gc.collect()  # closes the run's files, and so releases its lock on out_dir
-    return subprocess.CompletedProcess([script, *args], status, out.getvalue(), err.getvalue())
 
 
 def read_log(out_dir):
@@ -514,19 +463,15 @@ def test_refusals_come_before_import_torch(tmp_path):
 
 
 # ----------------------------------------------------------------------------- training runs
-def test_train_kill_resume_sample(tmp_path):
-    """An uninterrupted run and a run killed with kill -9 then resumed end with the same weights."""
-    data = make_data(tmp_path)
-    common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=40',
-                     '--est_interval=10', '--save_interval=5', '--log_interval=10']
-    full = str(tmp_path / 'full')
-    p = run('train.py', *common, f'--out_dir={full}')
-    assert p.returncode == 0, p.stderr
+def test_a_run_logs_every_step_and_learns(tiny_runs):
+    """The shared tiny run (conftest.tiny_runs), uninterrupted: its step lines, log, summary and
+    best checkpoint."""
+    full, stdout = tiny_runs['full'], tiny_runs['full_stdout']
     # the step line's loss is what the optimizer sees, ce + coefficient x emb; the estimates are ce
     # alone
     assert re.search(r'^step 10/40 \| loss [\d.]+ \(ce [\d.]+ \+ 1 x emb [\d.e+-]+\) '
-                     r'\| lr .* tok/s$', p.stdout, re.M)
-    assert re.search(r'^step 10: estimate train ce [\d.]+, val ce [\d.]+', p.stdout, re.M), p.stdout
+                     r'\| lr .* tok/s$', stdout, re.M)
+    assert re.search(r'^step 10: estimate train ce [\d.]+, val ce [\d.]+', stdout, re.M), stdout
     log = read_log(full)
     steps = [r for r in log if r['type'] == 'step']
     ests = [r for r in log if r['type'] == 'est']
@@ -540,53 +485,52 @@ def test_train_kill_resume_sample(tmp_path):
     assert summary['best_val_loss'] == min(r['val'] for r in ests)
     assert load_ckpt(full, 'best')['best_val_loss'] == summary['best_val_loss']
 
-    # the same run, killed mid-way with SIGKILL
-    killed = str(tmp_path / 'killed')
-    proc = subprocess.Popen([PY, 'train.py', *common, f'--out_dir={killed}'], cwd=ROOT, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 90
-    while time.time() < deadline and proc.poll() is None:
-        if os.path.exists(os.path.join(killed, 'log.jsonl')):
-            if any(r['type'] == 'step' and r['step'] >= 17 for r in read_log(killed)):
-                break
-        time.sleep(0.05)
-    assert proc.poll() is None, 'the run ended before it could be killed: ' + proc.stderr.read()
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    ckpt = load_ckpt(killed)
-    assert 15 <= ckpt['step'] < 40 and ckpt['step'] % 5 == 0
-    p = run('train.py', *common, f'--out_dir={killed}', '--init_from=resume')
-    assert p.returncode == 0, p.stderr
-    assert (f"resuming from {os.path.join(killed, 'ckpt_last.pt')} at step {ckpt['step']}"
-            in p.stdout)
+
+def test_a_run_killed_and_resumed_ends_with_the_weights_of_one_never_killed(tiny_runs):
+    """The shared tiny run killed with kill -9 mid-way (after step 17), then resumed: the same
+    weights as the uninterrupted run."""
+    killed, step = tiny_runs['resumed'], tiny_runs['killed_step']
+    assert 15 <= step < TINY_RUN_STEPS and step % 5 == 0
+    assert (f"resuming from {os.path.join(killed, 'ckpt_last.pt')} at step {step}"
+            in tiny_runs['resumed_stdout'])
     final = load_ckpt(killed)
     assert final['step'] == 40
-    same_weights(load_ckpt(full)['model'], final['model'], atol=1e-5)
+    same_weights(load_ckpt(tiny_runs['full'])['model'], final['model'], atol=1e-5)
     assert json.load(open(os.path.join(killed, 'summary.json')))['status'] == 'finished'
 
-    # a resume needs only out_dir: the rest of the config comes from the checkpoint
-    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--train_steps=42',
+
+def test_a_resume_needs_only_out_dir_and_keeps_the_model(tmp_path, tiny_runs):
+    """A resume takes the rest of the config from the checkpoint; a change of the model is refused,
+    the same model spelt out is none."""
+    out = str(tmp_path / 'run')
+    shutil.copytree(tiny_runs['resumed'], out)
+    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=42',
             '--device=cpu')
     assert p.returncode == 0, p.stderr
-    assert load_ckpt(killed)['step'] == 42
-    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--n_embed=32')
+    assert load_ckpt(out)['step'] == 42
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--n_embed=32')
     assert_one_line_error(p, 'cannot change n_embed when resuming')
     # the same model spelt out is no change: n_decoder_layer None means n_layer (1 here); 2 is
     # another model
-    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--n_decoder_layer=2')
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--n_decoder_layer=2')
     assert_one_line_error(p, 'cannot change n_decoder_layer when resuming: the checkpoint has None')
-    p = run('train.py', f'--out_dir={killed}', '--init_from=resume', '--train_steps=43',
-            '--n_decoder_layer=1')
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=43',
+                 '--n_decoder_layer=1')
     assert p.returncode == 0, p.stderr
-    assert load_ckpt(killed)['step'] == 43
+    assert load_ckpt(out)['step'] == 43
 
-    # sample from it, without the KV cache, with it, and with it and the compiled one-token step
+
+def test_samples_of_a_resumed_run_whatever_the_cache_and_greedy_at_temperature_0(tmp_path,
+                                                                                  tiny_runs):
+    """Sampling the resumed tiny run without the KV cache, with it, and with it and the compiled
+    one-token step gives the same samples; temperature 0 is the argmax continuation."""
+    killed = tiny_runs['resumed']
     prompt = tmp_path / 'prompt.txt'
     prompt.write_text('The first of the')  # GPT-2 ids 464, 717, 286, 262: all < vocab_size 1024
     outs = []
     for flags in (['--kv_cache=False'], ['--kv_cache=True'], ['--kv_cache=True', '--compile=True']):
-        p = run('sample.py', f'--out_dir={killed}', f'--start=FILE:{prompt}', '--num_samples=2',
-                '--max_new_tokens=20', '--device=cpu', '--top_k=0', *flags)
+        p = run_here('sample.py', f'--out_dir={killed}', f'--start=FILE:{prompt}',
+                     '--num_samples=2', '--max_new_tokens=20', '--device=cpu', '--top_k=0', *flags)
         assert p.returncode == 0, p.stderr
         assert p.stdout.count('---------------') == 2 and p.stdout.startswith('The first of the')
         assert (', compiled' in p.stderr) == ('--compile=True' in flags), p.stderr
@@ -594,8 +538,9 @@ def test_train_kill_resume_sample(tmp_path):
     # same seed, same samples: the cache and compiling change speed only
     assert outs[0] == outs[1] == outs[2]
     # temperature 0 is greedy: every sample, whatever the seed, is the argmax continuation
-    greedy = [run('sample.py', f'--out_dir={killed}', f'--start=FILE:{prompt}', '--num_samples=2',
-                  '--max_new_tokens=20', '--device=cpu', '--temperature=0', f'--seed={s}')
+    greedy = [run_here('sample.py', f'--out_dir={killed}', f'--start=FILE:{prompt}',
+                       '--num_samples=2', '--max_new_tokens=20', '--device=cpu',
+                       '--temperature=0', f'--seed={s}')
               for s in (1, 2)]
     assert all(p.returncode == 0 for p in greedy), greedy[0].stderr
     assert greedy[0].stdout == greedy[1].stdout
@@ -665,7 +610,7 @@ def test_new_model_keys_train_resume_sample(tmp_path):
     out = str(tmp_path / 'out')
     common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--est_interval=2', '--n_layer=2',
                      '--n_decoder_layer=1', '--embedding_ln_affine=False']
-    p = run('train.py', *common, '--train_steps=2', f'--out_dir={out}')
+    p = run_here('train.py', *common, '--train_steps=2', f'--out_dir={out}')
     assert p.returncode == 0, p.stderr
     ckpt = load_ckpt(out)
     assert (ckpt['config']['n_decoder_layer'] == 1
@@ -673,47 +618,41 @@ def test_new_model_keys_train_resume_sample(tmp_path):
     assert ('decoder_blocks.0.ln_1.weight' in ckpt['model']
             and 'decoder_blocks.1.ln_1.weight' not in ckpt['model'])
     assert 'ln_a.weight' not in ckpt['model']
-    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=3')
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=3')
     assert p.returncode == 0, p.stderr
     assert load_ckpt(out)['step'] == 3
-    p = run('sample.py', f'--out_dir={out}', '--checkpoint=last', '--num_samples=1',
-            '--max_new_tokens=20', '--device=cpu')
+    p = run_here('sample.py', f'--out_dir={out}', '--checkpoint=last', '--num_samples=1',
+                 '--max_new_tokens=20', '--device=cpu')
     assert p.returncode == 0, p.stderr
     assert p.stdout.count('---------------') == 1
 
 
 
-def test_nan_loss_stops_without_saving(tmp_path):
+def test_nan_loss_stops_without_saving(tmp_path, monkeypatch):
     """A NaN loss stops the run with a clear message; the last good checkpoint stays as it was."""
+    import model
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
     # make the model's loss NaN from the 13th optimizer step on (2 micro-steps per step)
-    wrapper = tmp_path / 'nan_train.py'
-    wrapper.write_text(f'''
-import runpy, sys
-sys.path.insert(0, {ROOT!r})
-import model
-build = model.build_model
-def build_nan(cfg):
-    m = build(cfg)
-    forward, calls = m.forward, [0]
-    def nan_forward(*args, **kwargs):
-        logits, loss, parts = forward(*args, **kwargs)
-        if m.training:
-            calls[0] += 1
-            if calls[0] > 24:
-                loss = loss * float('nan')
-        return logits, loss, parts
-    m.forward = nan_forward
-    return m
-model.build_model = build_nan
-sys.argv = ['train.py'] + sys.argv[1:]
-runpy.run_path('train.py', run_name='__main__')
-''')
+    build = model.build_model
+
+    def build_nan(cfg):
+        m = build(cfg)
+        forward, calls = m.forward, [0]
+
+        def nan_forward(*args, **kwargs):
+            logits, loss, parts = forward(*args, **kwargs)
+            if m.training:
+                calls[0] += 1
+                if calls[0] > 24:
+                    loss = loss * float('nan')
+            return logits, loss, parts
+        m.forward = nan_forward
+        return m
+    monkeypatch.setattr(model, 'build_model', build_nan)
     args = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=40', '--est_interval=5',
                    f'--out_dir={out}', '--micro_batch=4']  # 2 forwards a step
-    p = subprocess.run([PY, str(wrapper), *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env=ENV)
+    p = run_here('train.py', *args)
     assert_one_line_error(p, 'the training loss is not finite at step 12', 'stopped without saving')
     ckpt = load_ckpt(out)
     assert ckpt['step'] == 10
@@ -729,7 +668,7 @@ def test_torchrun_two_processes_match_one(tmp_path):
     data = make_data(tmp_path)
     common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=6', '--est_interval=3']
     one = str(tmp_path / 'one')
-    p = run('train.py', *common, f'--out_dir={one}')
+    p = run_here('train.py', *common, f'--out_dir={one}')
     assert p.returncode == 0, p.stderr
     two = str(tmp_path / 'two')
     p = subprocess.run([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
@@ -742,7 +681,7 @@ def test_torchrun_two_processes_match_one(tmp_path):
     same_weights(a['model'], b['model'], atol=1e-4)
     # and the ranks did not draw the same batch: rank 0's batch alone gives other weights
     same = str(tmp_path / 'same')
-    p = run('train.py', *common, '--gradient_accumulation_steps=1', f'--out_dir={same}')
+    p = run_here('train.py', *common, '--gradient_accumulation_steps=1', f'--out_dir={same}')
     assert p.returncode == 0, p.stderr
     c = load_ckpt(same)
     assert max((b['model'][k] - c['model'][k]).abs().max() for k in c['model']) > 1e-3
@@ -764,12 +703,13 @@ def test_lr_schedule_is_the_authors(tmp_path):
     """400 steps: 300 of warm-up (the author's), then the cosine, and min_lr past lr_decay_iters."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
-    p = run('train.py', '--arch=gpt', '--vocab_size=1024', '--n_layer=1', '--n_embed=8',
-            '--n_head=1', '--context_size=8', '--batch_size=1', '--gradient_accumulation_steps=1',
-            '--compile=False', '--device=cpu', '--dtype=float32', f'--data_dir={data}',
-            '--dataset=tiny', f'--out_dir={out}', '--train_steps=400', '--lr=9e-4', '--min_lr=9e-5',
-            '--warmup_iters=300', '--lr_decay_iters=380', '--est_interval=1000', '--est_steps=1',
-            '--log_interval=1000')
+    p = run_here('train.py', '--arch=gpt', '--vocab_size=1024', '--n_layer=1', '--n_embed=8',
+                 '--n_head=1', '--context_size=8', '--batch_size=1',
+                 '--gradient_accumulation_steps=1', '--compile=False', '--device=cpu',
+                 '--dtype=float32', f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
+                 '--train_steps=400', '--lr=9e-4', '--min_lr=9e-5', '--warmup_iters=300',
+                 '--lr_decay_iters=380', '--est_interval=1000', '--est_steps=1',
+                 '--log_interval=1000')
     assert p.returncode == 0, p.stderr
     lrs = [r['lr'] for r in read_log(out) if r['type'] == 'step']
     assert len(lrs) == 400
@@ -792,7 +732,7 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
     out = str(tmp_path / 'out')
     common = TINY + [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}', '--est_interval=5',
                      '--log_interval=5']
-    p = run('train.py', *common, '--train_tokens=3000', '--train_steps=10')
+    p = run_here('train.py', *common, '--train_tokens=3000', '--train_steps=10')
     assert p.returncode == 0, p.stderr
     tokens_per_step = 4 * 2 * 16
     assert f'epoch {5 * tokens_per_step / 3000:.2f}' in p.stdout  # epochs in the step lines
@@ -804,14 +744,14 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
     assert [r['epochs'] for r in log if r['type'] == 'est'] == [s * tokens_per_step / 3000
                                                                 for s in (0, 5, 10)]
     # a resume takes train_tokens from the checkpoint, without it on the command line
-    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=12',
-            '--device=cpu')
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=12',
+                 '--device=cpu')
     assert p.returncode == 0, p.stderr
     summary = json.load(open(os.path.join(out, 'summary.json')))
     assert summary['step'] == 12 and summary['train_tokens'] == 3000
     # a resume with another batch size counts the tokens each step really saw
-    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=14',
-            '--batch_size=1')
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=14',
+                 '--batch_size=1')
     assert p.returncode == 0, p.stderr
     tokens = 12 * tokens_per_step + 2 * (1 * 2 * 16)
     assert json.load(open(os.path.join(out, 'summary.json')))['tokens_seen'] == tokens
@@ -819,15 +759,15 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
     assert last_step['tokens'] == tokens and f'done: 14 steps, {tokens:,} tokens' in p.stdout
     # the same run on the whole file is refused: the start-up id check sees the poisoned tail
     # (so it is there)
-    p = run('train.py', *common[:-3], f'--out_dir={tmp_path / "all"}', '--train_steps=10',
-            '--est_interval=100')
+    p = run_here('train.py', *common[:-3], f'--out_dir={tmp_path / "all"}', '--train_steps=10',
+                 '--est_interval=100')
     assert_one_line_error(p, 'holds token id 1031, but vocab_size is 1024')
     # a limit the file cannot meet, or too small for one sequence: one line each
-    p = run('train.py', *common, '--train_tokens=6001', '--train_steps=1',
-            f'--out_dir={tmp_path / "e1"}')
+    p = run_here('train.py', *common, '--train_tokens=6001', '--train_steps=1',
+                 f'--out_dir={tmp_path / "e1"}')
     assert_one_line_error(p, 'train_tokens (6,001) is more than', 'train.bin holds (6,000)')
-    p = run('train.py', *common, '--train_tokens=17', '--train_steps=1',
-            f'--out_dir={tmp_path / "e2"}')
+    p = run_here('train.py', *common, '--train_tokens=17', '--train_steps=1',
+                 f'--out_dir={tmp_path / "e2"}')
     assert_one_line_error(p, 'train_tokens (17) is too small for one batch')
 
 
@@ -908,20 +848,9 @@ def test_nan_weights_are_never_saved(tmp_path):
                           '1 of', 'weight tensors hold NaN or inf (e.g. wte.weight)')
 
 
-@pytest.fixture(scope='module')
-def tiny_ckpt(tmp_path_factory):
-    """A finished 4-step run: its directory (read only: copy before changing anything)."""
-    tmp = tmp_path_factory.mktemp('tiny_ckpt')
-    data = make_data(tmp)
-    out = str(tmp / 'out')
-    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
-                 '--train_steps=4', '--est_interval=2')
-    assert p.returncode == 0, p.stderr
-    return out
-
-
-def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_ckpt, monkeypatch):
+def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_runs, monkeypatch):
     import model
+    tiny_ckpt = tiny_runs['full']  # (read only: copied before anything changes)
     out = str(tmp_path / 'out')
     path = os.path.join(out, 'ckpt_best.pt')
 
