@@ -36,6 +36,29 @@ Z_LOSS = (RETURN_LOSS,
           '        z = 1e-4 * torch.logsumexp(logits, -1).pow(2).mean()  # fork: a z-loss\n'
           '        loss, parts["z"] = loss + z, z.detach()\n' + RETURN_LOSS, 'replace')
 
+# the usual forks, all in one copy (test_the_usual_forks)
+RMSNORM = ('def layer_norm(c):\n    return nn.LayerNorm(c.n_embed, bias=c.use_bias)\n',
+           'def layer_norm(c):  # fork: RMSNorm for LayerNorm\n    return nn.RMSNorm(c.n_embed)\n',
+           'replace')
+SWIGLU = ('        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # exact (erf) GELU\n',
+          '        a, b = self.c_fc(x).chunk(2, dim=-1)  # fork: a SwiGLU MLP\n'
+          '        return self.dropout(self.c_proj(F.silu(a) * b))\n', 'replace')
+SWIGLU_FC = ('nn.Linear(C, 4 * C, bias=bias), nn.Linear(4 * C',
+             'nn.Linear(C, 8 * C, bias=bias), nn.Linear(4 * C', 'replace')
+UNTIED = ('        return F.linear(out, self.wte.weight)[..., :self.config.vocab_size]\n',
+          '        return self.lm_head(out)  # fork: an untied head\n', 'replace')
+UNTIED_INIT = ('        self.ln_f = layer_norm(c)\n',
+               '        self.lm_head = nn.Linear(C, c.vocab_size, bias=False)  # fork\n')
+LR_GROUP = ('"weight_decay": 0.0}]', '"weight_decay": 0.0, "lr_scale": 10.0}]', 'replace')
+OWN_INIT = ('        self.ln_2, self.mlp = layer_norm(c), MLP(c)\n',
+            '        self.mix = nn.Parameter(torch.eye(c.n_embed))  # fork: its own init\n')
+OWN_INIT_USE = ('        return x + self.mlp(self.ln_2(x))\n',
+                '        return (x + self.mlp(self.ln_2(x))) @ self.mix  # fork\n', 'replace')
+INT_FIELD = (FIELD[0], '    n_memory: int = 0  # fork: a count that may be 0\n')
+USUAL = (RMSNORM, SWIGLU, SWIGLU_FC, UNTIED, UNTIED_INIT, LR_GROUP, OWN_INIT, OWN_INIT_USE,
+         INT_FIELD)
+NEW_KEY = ('seed = 1337', 'log_extra = False  # fork: a new key\nseed = 1337')
+
 
 def fork(tmp_path, *edits):
     """A copy of the project's core with model.py edited: (anchor, insert after it) or, with
@@ -210,3 +233,41 @@ def test_a_config_field_with_a_default_loads_older_checkpoints(tmp_path, data, b
 
 def test_a_loss_term_in_forward(tmp_path, data):
     train_resume_sample(fork(tmp_path, Z_LOSS), data, str(tmp_path / 'out'))
+
+
+def test_the_usual_forks(tmp_path, data, base):
+    """RMSNorm for LayerNorm, a SwiGLU MLP, an untied head, one parameter group at 10x the lr, a
+    parameter with its own init, an int field defaulting to 0 and a new train.py key, in one copy:
+    it trains, resumes and samples; the init, the head and the 10x lr hold. The unforked run's
+    checkpoint is refused in one line that says why; a key set below train.py's keys, too."""
+    code, out, start = fork(tmp_path, *USUAL), str(tmp_path / 'out'), str(tmp_path / 'start.pt')
+    train = (code / 'train.py').read_text()
+    (code / 'train.py').write_text(train.replace(*NEW_KEY, 1))
+    (code / 'check.py').write_text('import torch\nfrom model import ModelConfig, build_model\n'
+                                   'assert isinstance(build_model(ModelConfig()).ln_f, '
+                                   'torch.nn.RMSNorm)\n')
+    run_fork(code, ('check.py',))
+    train_resume_sample(code, data, out, steps=(0, 4), extra=['--log_extra=True'],
+                        snapshot=start)
+    init, end = weights(start), weights(out)
+    assert torch.equal(init['blocks.0.mix'], torch.eye(16))  # kept, not drawn from N(0, 0.02)
+    assert not torch.equal(end['blocks.0.mix'], torch.eye(16))  # and trained
+    assert end['lm_head.weight'].shape == (256, 16)
+    assert end['blocks.0.mlp.c_fc.weight'].shape == (128, 16)
+    groups = torch.load(os.path.join(out, 'ckpt_last.pt'), weights_only=True)['optimizer'][
+        'param_groups']
+    assert groups[1]['lr_scale'] == 10.0 and groups[1]['lr'] == pytest.approx(10 * groups[0]['lr'])
+
+    def refused(*args):  # train.py of the fork, in a process of its own: one line, exit 1
+        p = subprocess.run([sys.executable, 'train.py', *args], cwd=code, env=ENV,
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        return p.stderr.strip()
+    old = str(tmp_path / 'old')
+    shutil.copytree(base, old)
+    assert 'was written by a model without a change made to model.py since' in refused(
+        f'--out_dir={old}', '--init_from=resume', '--train_steps=4')
+    (code / 'train.py').write_text(train + '\nlog_extra = False  # fork: next to its use\n')
+    assert refused(*TINY, '--log_extra=True') == (
+        "error: unknown config key 'log_extra': train.py sets it below its keys, so it is not one "
+        "(keys go above the line 'DEFAULTS = ')")
