@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 
 import numpy as np
 import torch
@@ -95,7 +96,16 @@ def rate_table(res, of=0):
     for name, est in stalled:
         lines.append(f"\nStalled: {name}, val estimate "
                      + ", ".join(f"{v:.3f} at step {s}" for s, v in sorted(est.items())) + ".")
-    return "\n".join(lines)
+    where = set()  # from each run's summary.json
+    for path in glob.glob(os.path.join(res, '*', 'summary.json')):
+        s = json.load(open(path))
+        where.add(f"commit {str(s.get('commit'))[:7]}{'+' * bool(s.get('tree_changed'))}, "
+                  f"{s.get('threads')} thread(s), {s.get('cpu')} ({s.get('cpu_isa')}), "
+                  f"torch {s.get('torch')}")
+    if where:
+        lines.append("\nWhere they ran: " + "; ".join(sorted(where)) + ".")
+    lines = "\n".join(lines).split("\n")  # prose within 100 columns; table rows as they are
+    return "\n".join(line if line.startswith('|') else textwrap.fill(line, 100) for line in lines)
 
 
 def main():

@@ -1181,3 +1181,8 @@ def test_stall_rate_table_applies_the_declared_rule(tmp_path):
     assert '| aed | 3 | 1 | 33.3% | [0.8%, 90.6%] | 2.490-2.510 |' in table
     assert '| gpt | 1 | 0 | 0.0% | [0.0%, 97.5%] | 2.410-2.410 |' in table
     assert 'Stalled: aed_seed11, val estimate 3.100 at step 200, 3.000 at step 400.' in table
+    (tmp_path / 'gpt_seed11' / 'summary.json').write_text(json.dumps(dict(
+        commit='4843a3e9', tree_changed=False, threads=1, cpu='Xeon', cpu_isa='AVX512',
+        torch='2.13.0+cpu')))
+    assert stall.rate_table(str(tmp_path)).endswith(
+        '\nWhere they ran: commit 4843a3e, 1 thread(s), Xeon (AVX512), torch 2.13.0+cpu.')
