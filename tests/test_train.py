@@ -772,7 +772,7 @@ def test_train_tokens_never_reads_past_the_limit_and_survives_resume(tmp_path):
 
 
 # ----------------------------------------------------------------------- bad input, damage, signals
-def test_bad_values_and_data_are_one_line(tmp_path, tiny_ckpt):
+def test_bad_values_and_data_are_one_line(tmp_path, tiny_runs):
     nodata = [*TINY, f'--data_dir={tmp_path}', '--dataset=none', f'--out_dir={tmp_path}/out']
     for arg, words in [('--lr=-1', 'lr must be > 0, got -1.0'), ('--lr=0', 'lr must be > 0'),
                        ('--min_lr=-1', 'min_lr must be >= 0'), ('--lr=1e999', 'lr must be finite'),
@@ -811,7 +811,7 @@ def test_bad_values_and_data_are_one_line(tmp_path, tiny_ckpt):
                           'holds ids of a vocabulary of 256, but vocab_size is 1024',
                           '--vocab_size=256')
     out = str(tmp_path / 'resumed')  # a resume cannot change vocab_size: no advice to set it
-    shutil.copytree(tiny_ckpt, out)
+    shutil.copytree(tiny_runs['full'], out)
     p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', f'--data_dir={d}',
                  '--dataset=tiny', '--train_steps=6')
     assert_one_line_error(p, 'holds ids of a vocabulary of 256, but vocab_size is 1024: the run in '
