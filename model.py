@@ -221,7 +221,7 @@ class Transformer(nn.Module):
         self.attention_layers = [m for m in self.modules() if isinstance(m, Attention)]
         for i, m in enumerate(self.attention_layers):  # each one's slot in a KVCache
             m.layer_idx = i
-        self.apply(self._init_weights)
+        self.apply(self._init_weights)  # Linear, Embedding ~ N(0, 0.02); LayerNorms keep 1 and 0
         for name, p in self.named_parameters():  # residual projections: by their stream's depth
             if name.endswith("c_proj.weight"):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
