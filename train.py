@@ -315,7 +315,7 @@ while True:
     for group in optimizer.param_groups:  # a group may carry its own scale (a fork's)
         group['lr'] = lr_now * group.get('lr_scale', 1.0)
     t0 = time.time()
-    stats = torch.zeros(3, device=device)  # summed over micro-steps: loss, ce, embedding loss
+    sums = {}  # the loss and its parts (ce, emb, a fork's own), each summed over micro-steps
     data_s = 0.0  # time spent fetching batches: logged, so a slow data path shows
     for micro, ix in enumerate(train_offsets(step)):
         t_data = time.time()
@@ -329,10 +329,9 @@ while True:
                 scaler.scale(loss / micro_steps), params, materialize_grads=True))
         else:
             scaler.scale(loss / micro_steps).backward()
-        stats[0] += loss.detach().float()
-        stats[1] += parts['ce'].float()
-        if 'emb' in parts:  # an AED with the embedding loss
-            stats[2] += parts['emb'].float()
+        for k, v in {'loss': loss.detach(), **parts}.items():
+            sums[k] = sums.get(k, 0.0) + v.float()
+    stats = torch.stack(list(sums.values()))  # one all-reduce, one wait for the device
     if ddp:  # the mean of the ranks' gradients, in one all-reduce outside the compiled model
         grads = [p.grad for p in params if p.grad is not None]
         flat = torch.cat([g.flatten() for g in grads]).div_(world_size)
@@ -340,9 +339,8 @@ while True:
         for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(mean.view_as(g))
         dist.all_reduce(stats)  # every rank sees the same numbers, so all stop together on NaN
-    loss_v, ce_v, emb_v = (v / (micro_steps * world_size) for v in stats.tolist())
-    emb_v = emb_v if 'emb' in parts else None
-    if not math.isfinite(loss_v):  # on every rank: the numbers are all-reduced
+    means = {k: v / (micro_steps * world_size) for k, v in zip(sums, stats.tolist())}
+    if not math.isfinite(means['loss']):  # on every rank: the numbers are all-reduced
         run.stop(step, "the training loss is not finite")
     if grad_clip > 0.0:
         scaler.unscale_(optimizer)
@@ -360,14 +358,15 @@ while True:
     step_times.append(dt)
     tok_s = tokens_per_step / dt
     mfu = flops_per_step / dt / world_size / 989e12 if gpu else None
-    run.log({'type': 'step', 'step': step, 'loss': loss_v, 'ce': ce_v, 'emb': emb_v, 'lr': lr_now,
+    run.log({'type': 'step', 'step': step, **means, 'emb': means.get('emb'), 'lr': lr_now,
              'ms': round(dt * 1000, 2), 'data_ms': round(data_s * 1000, 3),
              'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)})
     if step % log_interval == 0 or step == train_steps:
         coeff = model_config.embedding_loss_coeff  # the loss the optimizer sees, and its parts
-        terms = "" if emb_v is None else f" (ce {ce_v:.4f} + {coeff:g} x emb {emb_v:.3e})"
-        print(f"step {step}/{train_steps} | loss {loss_v:.4f}{terms} | lr {lr_now:.2e} | epoch "
-              f"{run.epochs(step):.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
+        terms = "" if 'emb' not in means else \
+            f" (ce {means['ce']:.4f} + {coeff:g} x emb {means['emb']:.3e})"
+        print(f"step {step}/{train_steps} | loss {means['loss']:.4f}{terms} | lr {lr_now:.2e} "
+              f"| epoch {run.epochs(step):.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
               f"{f' | mfu {mfu * 100:.1f}%' if mfu else ''}")
     if len(step_times) == 10 and step < train_steps:
         print(forecast(step))

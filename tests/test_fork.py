@@ -232,7 +232,12 @@ def test_a_config_field_with_a_default_loads_older_checkpoints(tmp_path, data, b
 
 
 def test_a_loss_term_in_forward(tmp_path, data):
+    """A z-loss added in forward, its value among the parts: trained, resumed, sampled, and the
+    part logged with the others at every step."""
     train_resume_sample(fork(tmp_path, Z_LOSS), data, str(tmp_path / 'out'))
+    steps = [r for r in map(json.loads, open(tmp_path / 'out' / 'log.jsonl'))
+             if r['type'] == 'step']
+    assert len(steps) == 4 and all(r['z'] > 0 and r['emb'] > 0 for r in steps), steps
 
 
 def test_the_usual_forks(tmp_path, data, base):
