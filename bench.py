@@ -46,8 +46,11 @@ import torch
 
 from checkpoint import atomic_write, model_config_of
 from configurator import (ConfigError, collect_defaults, die, first_line, load_config,
-                          resolve_device, train_defaults, unknown_key_error)
+                          resolve_device, unknown_key_error)
 from model import ModelConfig, build_model
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
+from report import train_defaults  # noqa: E402 (train.py's keys, read from its source)
 
 # -----------------------------------------------------------------------------
 quick = False  # a check of the plumbing in seconds: small models at batch 4, nothing compiled
@@ -898,7 +901,7 @@ def split_argv(argv):
         key = arg.lstrip("-").partition("=")[0].replace("-", "_")
         if key.startswith("no_") and key not in defaults and key not in train:
             key = key[3:]  # --no-compile
-        if key not in train and key not in defaults and not help_asked and key != "config":
+        if key not in train and key not in defaults and not help_asked:
             raise unknown_key_error(key, {**defaults, **train}, "on the command line")
         if key in train:
             overrides.append(arg)

@@ -6,7 +6,6 @@ signal while a script starts (docs/robustness.md).
 import ast
 import contextlib
 import difflib
-import glob
 import os
 import re
 import signal
@@ -102,18 +101,10 @@ def parse_value(raw, default):
 
 
 def not_a_config_file(path):
-    """The ConfigError for a path that is not a file: a folder's configs, or the nearest file."""
-    if os.path.isdir(path):
-        configs = sorted(os.path.basename(f) for f in glob.glob(os.path.join(path, "*.py")))
-        return ConfigError(f"{path} is a folder, not a config file; its configs: "
-                           f"{', '.join(configs) or 'none'}")
+    """The ConfigError for a path that is not a file, with the nearest file in config/."""
     name = os.path.basename(path) + ("" if path.endswith(".py") else ".py")
-    files = {}  # the path's folder first, then config/
-    for folder in filter(None, (os.path.dirname(path), os.path.relpath(CONFIG_DIR))):
-        for f in sorted(glob.glob(os.path.join(folder, "*.py"))):
-            files.setdefault(os.path.basename(f), f)
-    near = difflib.get_close_matches(name, list(files), n=1)
-    hint = f" (did you mean {files[near[0]]}?)" if near else ""
+    near = difflib.get_close_matches(name, sorted(os.listdir(CONFIG_DIR)), n=1)
+    hint = f" (did you mean {os.path.join(os.path.relpath(CONFIG_DIR), near[0])}?)" if near else ""
     return ConfigError(f"config file not found: {path}{hint}")
 
 
@@ -169,9 +160,6 @@ def load_config(defaults, argv, base=None, sources=None, shown=None):
             config[key] = True  # a boolean key alone: --quick means --quick=True
         elif not eq and key.startswith("no_") and isinstance(defaults.get(key[3:]), bool):
             config[key[3:]] = False  # --no-quick means --quick=False
-        elif key == "config" and key not in defaults:  # nanoGPT's and argparse's habit
-            raise ConfigError(f"config files are positional: give {raw or 'the file'} alone, "
-                              f"without --config=")
         elif key not in defaults:
             raise unknown_key_error(key, defaults, "on the command line")
         elif not eq:
@@ -209,21 +197,6 @@ def help_text(defaults, sources):
 def collect_defaults(namespace):
     """A script's config keys: its public int/float/bool/str/None globals."""
     return {k: v for k, v in namespace.items() if not k.startswith("_") and isinstance(v, NONE_OK)}
-
-
-def train_defaults():
-    """train.py's keys and defaults, read from its source without torch (for the other scripts):
-    its `key = literal` lines before DEFAULTS, then model.py's ModelConfig fields."""
-    here, defaults = os.path.dirname(os.path.abspath(__file__)), {}
-    with open(os.path.join(here, "train.py")) as f, open(os.path.join(here, "model.py")) as g:
-        src = f.read().split("\nDEFAULTS = ")[0] + g.read().split("class ModelConfig:")[1]
-    for m in re.finditer(r"^ *(\w+)(?:: [^=]+)? = (.+?)(?:  #.*)?$", src.split("\n\n    def")[0],
-                         re.M):
-        try:
-            defaults.setdefault(m[1], ast.literal_eval(m[2]))
-        except (ValueError, SyntaxError):
-            pass  # not a literal: not a key
-    return defaults
 
 
 def resolve_device(device, dtype):

@@ -42,7 +42,7 @@ def signal_after_reader_gone(proc, sig, timeout):
 
 
 sys.path.insert(0, os.path.join(ROOT, 'experiments'))  # report.py, which the tests import
-from configurator import train_defaults  # noqa: E402,F401 (the tests import it from here)
+from report import train_defaults  # noqa: E402,F401 (the tests import it from here)
 
 
 # one thread per process: tiny models gain nothing from two, and lose a lot when the cores are busy

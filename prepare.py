@@ -218,9 +218,7 @@ def prepare(input=None, name=None, data_dir="data", eot=True, val_fraction=0.1, 
              + (f" --dataset={name}" if name != "wikipedia" + "_bytes" * b else "")
              + (" --train_tokens=0" if input and b else ""))  # all of it, not the configs' 1M
     flags += f" --out_dir=out-{name}" if flags else ""  # not the config's own run: that is refused
-    # bytes: how long the byte study's runs took (experiments/bytes/)
-    log(f"train on it: python train.py config/{'bytes' if b else 'cpu'}_aed_mse_possub.py{flags}"
-        + ("  # ~1 h on one CPU thread; a first look: --train_steps=1000, ~10 min" if b else ""))
+    log(f"train on it: python train.py config/{'bytes' if b else 'cpu'}_aed_mse_possub.py{flags}")
     return meta
 
 

@@ -229,9 +229,6 @@ if master:  # the header first: a slow start (compiling, a config too big) is ne
           f"{data_path} | {world_size} process(es), {device}, {dtype}, "
           f"compile {compile_mode if compile else 'off'}"
           f"{f' | {gpu}, MFU of 989 TFLOP/s' if gpu else ''}")
-    if device_type == 'cpu' and start_step < train_steps and flops_per_step > 1e12:
-        print(f"warning: {flops_per_step / 1e12:.1f} TFLOP a step is too big for a CPU (a CPU "
-              f"preset's 0.034 take ~0.5 s: config/cpu_*.py)", file=sys.stderr)
     if init_from == 'resume':
         print(f"resuming from {run.path('ckpt_last.pt')} at step {start_step}"
               + "".join(f"; {k}: {old!r} -> {new!r}" for k, old, new in changes))
@@ -255,9 +252,6 @@ def mean_ce(m, data, starts):
             total += m(X, Y, return_logits=False)[1].float() * len(X)
     m.train()
     return total.item() / len(starts)
-
-# all of val.bin for this many models, timed by the last estimate (2 x est_steps batches)
-whole_val_seconds = lambda models: est_s * models * len(whole_val[1]) / (2 * est_steps * batch_size)
 
 def get_lr(step):
     # the author's schedule (docs/model.md), step 0-based: linear warm-up, then cosine decay to
@@ -285,12 +279,9 @@ def checkpoint():  # what a resume needs, beside the step, best and clock RunDir
 def forecast(step):  # after 10 steps, once: a slow config shows early
     per_step = statistics.median(step_times[1:])
     n_est = sum(s % est_interval == 0 or s == train_steps for s in range(step, train_steps + 1))
-    whole = whole_val_seconds(2) if est_s else 0.0  # at the end, the last and the best model
-    rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est + whole
-    ests = (f", {n_est} estimate(s) of ~{duration(est_s)} and all of val.bin for 2 models "
-            f"(~{duration(whole)})") if est_s else f" (+ {n_est} estimate(s), not yet timed)"
+    rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est  # est_s: None until timed
     return (f"expected: {per_step * 1000:,.0f} ms/step (median of steps 2-10), ~{duration(rest)} "
-            f"for the {train_steps - step:,} steps left{ests}: the whole run "
+            f"for the {train_steps - step:,} steps and {n_est} estimate(s) left: the whole run "
             f"~{duration(run.elapsed() + rest)}")
 
 # training loop
@@ -376,7 +367,7 @@ if master and step >= train_steps and not run.whole:
     two = run.best_step is not None and run.best_step != step
     n_tokens = len(whole_val[1]) * context_size
     print(f"scoring {'the last and the best model' if two else 'the model'} on all of val.bin "
-          f"({n_tokens:,} tokens){f': ~{duration(whole_val_seconds(1 + two))}' if est_s else ''}")
+          f"({n_tokens:,} tokens)")
     last = best = mean_ce(raw_model, *whole_val)
     if two:  # the training is over: raw_model takes the best weights
         try:

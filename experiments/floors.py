@@ -23,7 +23,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # configurator.py, when run as python experiments/floors.py
-from configurator import ConfigError, die, load_config, train_defaults  # noqa: E402
+from configurator import ConfigError, die, load_config  # noqa: E402
+from report import train_defaults  # noqa: E402
 
 METHOD = "interpolated Kneser-Ney, discount n1 / (n1 + 2 n2) per order, uniform below unigrams"
 METHOD_MKN = ("modified Kneser-Ney, discounts D1, D2, D3+ per order from n1..n4 (Chen and Goodman "

@@ -24,6 +24,7 @@ import ast
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import textwrap
@@ -31,7 +32,7 @@ from xml.sax.saxutils import escape
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 sys.path.insert(0, ROOT)  # for configurator.py, when run as python experiments/report.py
-from configurator import ConfigError, die, load_config, train_defaults  # noqa: E402
+from configurator import ConfigError, die, load_config  # noqa: E402
 
 # what the configs of one group's runs may differ in: the seed (it picks the members), and keys
 # that say where a run was written, how it was watched or how long a rank waits, none of which
@@ -103,6 +104,21 @@ def parse_args(argv):
 
 # -----------------------------------------------------------------------------
 # reading runs
+
+def train_defaults():
+    """train.py's keys and defaults, read from its source (importing train.py would train): its
+    `key = literal` lines before DEFAULTS, then model.py's ModelConfig fields."""
+    defaults = {}
+    with open(os.path.join(ROOT, "train.py")) as f, open(os.path.join(ROOT, "model.py")) as g:
+        src = f.read().split("\nDEFAULTS = ")[0] + g.read().split("class ModelConfig:")[1]
+    for m in re.finditer(r"^ *(\w+)(?:: [^=]+)? = (.+?)(?:  #.*)?$", src.split("\n\n    def")[0],
+                         re.M):
+        try:
+            defaults.setdefault(m[1], ast.literal_eval(m[2]))
+        except (ValueError, SyntaxError):
+            pass  # not a literal: not a key
+    return defaults
+
 
 DEFAULTS = train_defaults()
 

@@ -451,8 +451,7 @@ def test_bytes_of_ones_own_text_train_on_all_of_it(tmp_path, capsys):
     assert out[0] == f"reading {path} twice: counting characters, then writing their UTF-8 bytes"
     assert out[-1] == ("train on it: python train.py config/bytes_aed_mse_possub.py "
                        f"--data_dir={tmp_path} --dataset=a_bytes --train_tokens=0 "
-                       "--out_dir=out-a_bytes  # ~1 h on one CPU thread; a first look: "
-                       "--train_steps=1000, ~10 min")
+                       "--out_dir=out-a_bytes")
     assert train_defaults()["train_tokens"] == 0  # train.py's 0: all of train.bin
 
 

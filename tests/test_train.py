@@ -425,15 +425,13 @@ def test_script_errors_are_one_line(tmp_path, monkeypatch):
     bins = os.path.join(data, 'tiny', 'train.bin')
     assert_one_line_error(run_here('train.py', *TINY, f'--data_dir={bins}'),
                           f'train.bin not found: data_dir {bins} is a file, not a folder')
-    # a mistyped config file: the nearest one; --config=FILE: config files are positional
+    # a mistyped config file: the nearest one in config/; --config=FILE: no such key
     for arg in 'config/cpu_aed_mse_posub.py', 'cpu_aed_mse_possub.py', 'config/cpu_aed_mse_possub':
         assert_one_line_error(run_here('train.py', arg), f'config file not found: {arg} '
                               f'(did you mean config/cpu_aed_mse_possub.py?)')
     p = run_here('train.py', '--config=config/cpu_baseline.py')
-    assert_one_line_error(p, 'config files are positional: give config/cpu_baseline.py alone, '
-                             'without --config=')
-    assert_one_line_error(run_here('train.py', 'config'), 'config is a folder, not a config file; '
-                          'its configs: aed_cosine.py, aed_gpt2.py, ')
+    assert_one_line_error(p, "unknown config key 'config' on the command line")
+    assert_one_line_error(run_here('train.py', 'config'), 'config file not found: config')
     p = run('train.py', *TINY, f'--out_dir={tmp_path}/none', '--init_from=resume')
     assert_one_line_error(p, 'no checkpoint at')
     p = run('sample.py', f'--out_dir={tmp_path}/none', '--num_samples=2')
@@ -570,37 +568,13 @@ def test_run_header_and_expected_time(tmp_path):
     expected = [line for line in lines if line.startswith('expected: ')]
     assert len(expected) == 1, p.stdout
     assert re.fullmatch(r'expected: \d+ ms/step \(median of steps 2-10\), ~[\d.]+ (s|min|h) '
-                        r'for the 4 steps left, 1 estimate\(s\) of ~[\d.]+ s and all of val.bin '
-                        r'for 2 models \(~[\d.]+ s\): the whole run ~[\d.]+ (s|min|h)',
-                        expected[0]), expected
-    # the scoring of all of val.bin at the end says what it does and how long it takes, first
+                        r'for the 4 steps and 1 estimate\(s\) left: the whole run ~[\d.]+ '
+                        r'(s|min|h)', expected[0]), expected
+    # the scoring of all of val.bin at the end says what it does, first
     scoring = next(i for i, line in enumerate(lines) if line.startswith('scoring '))
     assert re.fullmatch(r'scoring the (last and the best model|model) on all of val.bin '
-                        r'\(1,488 tokens\): ~[\d.]+ s', lines[scoring]), lines[scoring]
+                        r'\(1,488 tokens\)', lines[scoring]), lines[scoring]
     assert lines[scoring + 1].startswith('all of val.bin (1,488 tokens): ce '), lines
-
-
-def test_a_gpu_config_on_a_cpu_is_told_before_compiling(tmp_path):
-    """The author's config on a CPU: the header's warning that a step is too big for a CPU comes
-    before the compile (a minute or more), not after it."""
-    data = make_data(tmp_path)
-    env = dict(ENV, TORCHDYNAMO_DISABLE='1')  # compiling returns at once: the order is tested
-    args = ['config/aed_mse_possub.py', '--device=cpu', f'--data_dir={data}', '--dataset=tiny',
-            f'--out_dir={tmp_path}/out']
-    proc = subprocess.Popen([PY, 'train.py', *args], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines = []
-    try:
-        while not lines or not lines[-1].startswith('compiling the model'):
-            lines.append(proc.stdout.readline())
-            assert lines[-1], 'the run ended: ' + ''.join(lines)
-    finally:
-        proc.kill()
-        proc.communicate()
-    assert lines[0].startswith('aed model, 15,763,500 params | 160,000 tokens/step'), lines
-    warning = ("warning: 17.4 TFLOP a step is too big for a CPU (a CPU preset's 0.034 take ~0.5 "
-               "s: config/cpu_*.py)\n")
-    assert warning in lines[1:-1], lines
 
 
 def test_new_model_keys_train_resume_sample(tmp_path):
@@ -1184,8 +1158,7 @@ def threads(pid):
 def test_ctrl_c_at_any_moment(tmp_path):
     """Ctrl-C ends a run with one line and exit 130 at any moment: during `import torch` (seconds,
     before anything is set up), and in the middle of a torch op that takes minutes (a config too big
-    for the machine, where a Python signal handler would wait for the op to return). Its header
-    warns first that the config is too big for a CPU."""
+    for the machine, where a Python signal handler would wait for the op to return)."""
     proc = subprocess.Popen([PY, 'train.py', '--device=cpu'], cwd=ROOT, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 1  # the signal thread starts before `import torch`
@@ -1214,8 +1187,7 @@ def test_ctrl_c_at_any_moment(tmp_path):
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=60)[1]
     assert time.time() - t0 < 5 and proc.returncode == 130, (time.time() - t0, err)
-    warning, error = err.splitlines()  # the header said first that it is too big for a CPU
-    assert warning.startswith('warning: 3.7 TFLOP a step is too big for a CPU'), err
+    [error] = err.splitlines()
     assert error == 'error: interrupted by SIGINT at step 0; no checkpoint was saved yet ' \
                     '(the same command starts the run over)', err
 
