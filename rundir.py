@@ -57,7 +57,8 @@ def duration(s):
 
 class RunDir:
     def __init__(self, out_dir, ckpt=None, overwrite=False, master=True):
-        """ckpt: the checkpoint a resume starts from (None: a scratch run). Only rank 0 writes."""
+        """ckpt: the checkpoint a resume starts from (None: a scratch run). Only rank 0 writes. From
+        here on a signal or a lost DDP rank stops the run (catch_signals)."""
         self.dir, self.master, self.started = out_dir, master, None
         self.saving = threading.Lock()  # held while a checkpoint or summary.json is written
         c = ckpt or {}
@@ -69,6 +70,7 @@ class RunDir:
         self.whole = {}  # the last and the best model's ce on all of val.bin, at the end
         if master:
             self._claim(ckpt is None, overwrite)
+        self.catch_signals()
 
     def path(self, name):
         return os.path.join(self.dir, name)
@@ -106,7 +108,8 @@ class RunDir:
         """Start the clock and the log: a 'start' record, or a 'resume' record whose later records
         supersede those of the same or a later step; facts go into every summary.json. A resume
         redoes what a kill just after the last save cut off: the link ckpt_best.pt, summary.json."""
-        self.train_steps, self.tokens_per_step, self.facts = train_steps, tokens_per_step, facts
+        self.train_steps, self.tokens_per_step = train_steps, tokens_per_step
+        self.facts = {**facts, **provenance()}
         self.start_step = self.step
         self.start_tokens = self.saved_tokens or self.step * tokens_per_step
         self.started = time.time()

