@@ -1,6 +1,7 @@
 """A fork's first edits of model.py, as a forker makes them in a copy of the project: freeze a
 parameter, add one to some blocks, add a config field with a default, add a loss term. Each must
 leave train, resume and sample working, old checkpoints included."""
+import contextlib
 import json
 import os
 import shutil
@@ -100,40 +101,38 @@ def base(tmp_path_factory, data):
     return out
 
 
-# the fork's scripts one after another in one process: the fork's modules are the ones imported
-DRIVER = """
-import importlib.util, json, shutil, sys
-fork, calls, conftest = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-sys.path.insert(0, fork)
-spec = importlib.util.spec_from_file_location('shared', conftest)
-shared = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(shared)
-results = []
-for call in calls:
-    if call[0] == 'copy':
-        shutil.copy(*call[1:])
-        continue
-    p = shared.run_here(*call, root=fork)
-    results.append([p.returncode, p.stdout, p.stderr])
-    if p.returncode:
-        break
-print(json.dumps(results))
-"""
+# the modules a fork's scripts import: each script gets the fork's own, freshly imported
+PROJECT = [name[:-3] for name in CORE]
 
 
-def run_fork(code, *calls):
-    """The fork's scripts, as `python script args` in the fork would run them, one after another in
-    one process of their own (one torch import for all): each (script, *args) must succeed without
-    a traceback; ('copy', src, dst) copies a file between two of them. Their CompletedProcesses."""
-    p = subprocess.run([sys.executable, '-c', DRIVER, str(code), json.dumps(calls),
-                        os.path.join(ROOT, 'conftest.py')], cwd=code, env=ENV,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    scripts = [c for c in calls if c[0] != 'copy']
-    done = [subprocess.CompletedProcess(c, *r) for c, r in zip(scripts, json.loads(p.stdout))]
-    for r in done:
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert 'Traceback' not in r.stderr, r.stderr
+@contextlib.contextmanager
+def own_modules(code):
+    """Inside: the project's modules import from the fork in code, afresh, as in a process of the
+    fork's own; this process's modules are back after."""
+    saved = {name: sys.modules.pop(name) for name in PROJECT if name in sys.modules}
+    sys.path.insert(0, str(code))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(code))
+        for name in PROJECT:
+            sys.modules.pop(name, None)
+        sys.modules.update(saved)
+
+
+def run_fork(code, *calls, status=0):
+    """The fork's scripts, as `python script args` in the fork would run them, one after another
+    in this process (no torch import, no process start), each with the fork's modules: each
+    (script, *args) must end with status (0: without a traceback). Their CompletedProcesses."""
+    done = []
+    for call in calls:
+        with own_modules(code):
+            p = run_here(*call, root=str(code))
+            # the fork's code ran, not this process's
+            assert os.path.dirname(sys.modules['model'].__file__) == str(code)
+        assert p.returncode == status, p.stdout + p.stderr
+        assert 'Traceback' not in p.stderr, p.stderr
+        done.append(p)
     return done
 
 
@@ -153,10 +152,11 @@ def train_resume_sample(code, data, out, steps=(2, 4), extra=(), snapshot=None):
     """Train `steps[0]` steps, resume to `steps[1]`, sample a few bytes: every one must work.
     snapshot: where to copy the first run's checkpoint before the resume."""
     common = [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}']
-    copy = [('copy', os.path.join(out, 'ckpt_last.pt'), snapshot)] if snapshot else []
-    resume = ('train.py', *common, '--init_from=resume', f'--train_steps={steps[1]}')
-    *_, p = run_fork(code, ('train.py', *TINY, *common, f'--train_steps={steps[0]}', *extra),
-                     *copy, resume, (*SAMPLE, f'--out_dir={out}'))
+    run_fork(code, ('train.py', *TINY, *common, f'--train_steps={steps[0]}', *extra))
+    if snapshot:
+        shutil.copy(os.path.join(out, 'ckpt_last.pt'), snapshot)
+    _, p = run_fork(code, ('train.py', *common, '--init_from=resume', f'--train_steps={steps[1]}'),
+                    (*SAMPLE, f'--out_dir={out}'))
     assert json.load(open(os.path.join(out, 'summary.json')))['step'] == steps[1]
     assert p.stdout.startswith('the '), p.stdout
 
@@ -177,8 +177,8 @@ def test_a_frozen_parameter_stays_put(tmp_path, data):
 
 
 def test_a_frozen_parameter_stays_put_under_ddp(tmp_path, data):
-    """The same with DDP: 2 gloo ranks train the fork's checkpoint of step 0 on, and a process of
-    the fork samples what they saved."""
+    """The same with DDP: 2 gloo ranks (torchrun) train the fork's checkpoint of step 0 on, and the
+    fork samples what they saved."""
     code, out, start = fork(tmp_path, FREEZE), str(tmp_path / 'out'), str(tmp_path / 'start.pt')
     common = [f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}']
     run_fork(code, ('train.py', *TINY, *common, '--train_steps=0', '--weight_decay=0.5'))
@@ -263,10 +263,9 @@ def test_the_usual_forks(tmp_path, data, base):
         'param_groups']
     assert groups[1]['lr_scale'] == 10.0 and groups[1]['lr'] == pytest.approx(10 * groups[0]['lr'])
 
-    def refused(*args):  # train.py of the fork, in a process of its own: one line, exit 1
-        p = subprocess.run([sys.executable, 'train.py', *args], cwd=code, env=ENV,
-                           capture_output=True, text=True, timeout=300)
-        assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    def refused(*args):  # train.py of the fork: one line, exit 1
+        p, = run_fork(code, ('train.py', *args), status=1)
+        assert len(p.stderr.strip().splitlines()) == 1, p.stderr
         return p.stderr.strip()
     old = str(tmp_path / 'old')
     shutil.copytree(base, old)
