@@ -510,9 +510,18 @@ def test_committed_study_tables_reproduce(tmp_path, script, env, tables):
             if os.path.exists(os.path.join(exp, link)):
                 os.symlink(os.path.join(exp, link), tmp_path / link)
     where = {k: (str(tmp_path / v) if k != 'STEPS' else v) for k, v in env.items()}
+    # `python` is this one, but a console line's python -c that imports torch (the versions, not in
+    # the tables) is not run: 2 s each
+    shim = tmp_path / 'bin'
+    shim.mkdir()
+    (shim / 'python').write_text(f'''#!/usr/bin/env bash
+case "$1 $2" in "-c "*torch*) echo "(not run)"; exit 0 ;; esac
+exec {PY} "$@"
+''')
+    (shim / 'python').chmod(0o755)
     p = subprocess.run(['bash', os.path.join(exp, script)], capture_output=True, text=True,
-                       env={**os.environ, **where, 'REPORT_ONLY': '1', 'OMP_NUM_THREADS': '1'},
-                       timeout=300)
+                       env={**os.environ, **where, 'REPORT_ONLY': '1', 'OMP_NUM_THREADS': '1',
+                            'PATH': f"{shim}:{os.environ['PATH']}"}, timeout=300)
     assert p.returncode == 0, p.stderr
     for t in tables:
         with open(os.path.join(exp, f'{t}.md')) as f, open(tmp_path / f'{t}.md') as g:
@@ -732,14 +741,36 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
                      'gpt_seed2, gpt_seed3')
 
 
+def small_wikipedia(root):
+    """A data_dir holding a 'wikipedia' dataset as prepare.py writes it (GPT-2 ids), 100,000
+    training tokens: what a study script's floors.py call reads, in a second, without the corpus."""
+    d = os.path.join(root, 'wikipedia')
+    os.makedirs(d)
+    rng = np.random.default_rng(0)
+    for split, n in (('train', 100_000), ('val', 2_000)):
+        rng.integers(0, 500, n, dtype=np.uint16).tofile(os.path.join(d, f'{split}.bin'))
+    with open(os.path.join(d, 'meta.json'), 'w') as f:
+        json.dump({'vocab_size': 50257, 'tokenizer': 'gpt2'}, f)
+    return str(root)
+
+
 def test_gpu_study_script_scales_the_schedule_and_resumes_a_cut_off_run(tmp_path):
     """experiments/gpu_author_regime.sh with `python` shimmed: no GPU needed, train.py faked (a
-    finished run is the committed baseline's files; with FAIL set, a run cut off after a save)."""
+    finished run is the committed baseline's files; with FAIL set, a run cut off after a save),
+    prepare.py faked (called when data/wikipedia is missing), floors.py real on a small corpus the
+    first time (its floors go under the table), faked after."""
     shim = tmp_path / 'bin'
     shim.mkdir()
     done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
+    data = small_wikipedia(tmp_path / 'data')
     (shim / 'python').write_text(f'''#!/usr/bin/env bash
 if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi  # the script's CUDA check
+if [ "$1" = prepare.py ]; then echo "$*" >> {tmp_path}/prepared; exit 0; fi
+if [ "$1" = experiments/floors.py ]; then
+    echo "$*" >> {tmp_path}/floors
+    [ -n "${{REAL_FLOORS:-}}" ] || exit 0
+    exec {PY} "$@" --data_dir={data}
+fi
 if [ "$1" = train.py ]; then
     echo "$*" >> {tmp_path}/calls
     out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
@@ -758,8 +789,16 @@ exec {PY} "$@"
         return subprocess.run(['bash', 'experiments/gpu_author_regime.sh', 'baseline'], cwd=ROOT,
                               env=dict(env, **more), capture_output=True, text=True, timeout=120)
 
-    p = script(FAIL='1')
+    p = script(FAIL='1', REAL_FLOORS='1')
     assert p.returncode != 0 and '=== baseline failed' in p.stdout, p.stdout + p.stderr
+    res = tmp_path / 'res' / 'w300'
+    # the count-model floors of all of train.bin, at the runs' context, where report() reads them
+    assert (tmp_path / 'floors').read_text() == (
+        f'experiments/floors.py --context_size=200 --json={res}_floors.json\n')
+    assert json.load(open(f'{res}_floors.json'))['context_size'] == 200
+    # the default corpus is prepared when it is not there (and only then)
+    assert os.path.exists(tmp_path / 'prepared') != os.path.exists(
+        os.path.join(ROOT, 'data', 'wikipedia', 'train.bin'))
     p = script()
     assert p.returncode == 0, p.stdout + p.stderr
     calls = (tmp_path / 'calls').read_text().splitlines()
@@ -768,9 +807,9 @@ exec {PY} "$@"
     args = (f'train.py config/baseline.py --train_steps=400 --warmup_iters=300 '
             f'--lr_decay_iters=31111 --est_interval=20 --log_interval=20 --out_dir={out}')
     assert calls == [args + ' --overwrite=True', args + ' --init_from=resume']
-    res = tmp_path / 'res' / 'w300'
     assert (res / 'baseline' / 'summary.json').read_text() == open(f'{done}/summary.json').read()
-    assert '| baseline |' in (tmp_path / 'res' / 'w300.md').read_text()
+    table = (tmp_path / 'res' / 'w300.md').read_text()
+    assert '| baseline |' in table and 'Count-model floors (experiments/floors.py)' in table
     p = script()  # a finished run is skipped
     assert '=== baseline: finished' in p.stdout
     assert len((tmp_path / 'calls').read_text().splitlines()) == 2
@@ -789,6 +828,8 @@ def gpu_script_env(tmp_path, trainer, more=''):
     done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
     (shim / 'python').write_text(f'''#!/usr/bin/env bash
 if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi
+# the data and its floors: gpu_author_regime.sh's own test runs them
+case "$1" in prepare.py|experiments/floors.py) exit 0 ;; esac
 {more}if [ "$1" = {trainer} ]; then
     echo "$*" >> {tmp_path}/calls
     out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
@@ -948,15 +989,17 @@ print("equal", all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(co
 
 def test_cpu_study_script_resumes_restarts_skips_and_scrubs_paths(tmp_path):
     """experiments/cpu_data_constrained.sh with `python` shimmed (train.py faked, report.py and
-    prepare.py skipped): a finished run in RES is skipped, one with a checkpoint resumes, one
-    killed before its first checkpoint starts over, and the committed copies hold no absolute
-    path and only the last step record."""
+    prepare.py skipped, floors.py on a small corpus): a finished run in RES is skipped, one with a
+    checkpoint resumes, one killed before its first checkpoint starts over, and the committed
+    copies hold no absolute path and only the last step record."""
     shim, out, res = tmp_path / 'bin', tmp_path / 'out', tmp_path / 'res'
     shim.mkdir()
+    data = small_wikipedia(tmp_path / 'data')
     (shim / 'python').write_text(f'''#!/usr/bin/env bash
 case "$1" in
     -c) echo "3.11 torch 2"; exit 0 ;;  # the script's version line
     prepare.py|experiments/report.py) exit 0 ;;
+    experiments/floors.py) exec {PY} "$@" --data_dir={data} ;;
     train.py) ;;
     *) exec {PY} "$@" ;;
 esac
@@ -978,11 +1021,17 @@ echo "done: fake"
     (out / 'aed_mse_possub' / 'ckpt_last.pt').write_text('')
     os.makedirs(out / 'baseline_seed2')
     (out / 'baseline_seed2' / 'log.jsonl').write_text('{"type": "start", "step": 0}\n')
+    # all runs at once (JOBS): the tables are rewritten as runs end, not after each of 49 (the
+    # byte study's test runs two at a time)
     p = subprocess.run(['bash', 'experiments/cpu_data_constrained.sh'], cwd=ROOT,
                        env=dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(out),
-                                RES=str(res)), capture_output=True, text=True, timeout=300)
+                                RES=str(res), JOBS='50'), capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert '=== baseline: finished' in p.stdout
+    # the floors of the runs' 100,000 training tokens, where report() reads them
+    assert json.load(open(f'{res}_floors.json'))['train_tokens'] == 100_000
+    assert '50 of 50 runs finished' in (tmp_path / 'res.md').read_text()
     calls = {c.split('--out_dir=')[1].split()[0].split('/')[-1]: c
              for c in (tmp_path / 'calls').read_text().splitlines()}
     assert len(calls) == 49 and 'baseline' not in calls  # all 50 runs but the finished one
@@ -1012,6 +1061,9 @@ def test_byte_study_script_picks_the_dropout_at_the_pilot_seed(tmp_path):
 case "$1" in
     prepare.py|experiments/floors.py|experiments/report.py) exit 0 ;;
     train.py) ;;
+    # the script's own python -c lines (the dropout rate, 57 a run) read JSON: the standard library
+    # is enough, and without site's start-up (-S) each is a third of the time
+    -c) exec {PY} -S "$@" ;;
     *) exec {PY} "$@" ;;
 esac
 echo "$*" >> {tmp_path}/calls
