@@ -2,10 +2,13 @@
 Tests of report.py: fake run directories with hand-written logs (exact numbers), bad input, and one
 real tiny train.py run fed through report.py end to end.
 """
+import contextlib
+import io
 import json
 import math
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -15,16 +18,30 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import run_here
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 PY = sys.executable
 SVG = '{http://www.w3.org/2000/svg}'
 
 
 def run_report(*args):
-    # stdout with report.py's wrapped lines joined again, so that a check reads a whole line; the
-    # output as printed in raw
-    p = subprocess.run([PY, 'experiments/report.py', *map(str, args)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    """report.py in this process, as `python experiments/report.py args` from the repository runs
+    it (exit status, stdout, stderr): a process would add only its start-up, ~60 times. (Not
+    conftest.run_here: its clean-up after train.py costs as much as report.py itself.) stdout
+    with report.py's wrapped lines joined again, so that a check reads a whole line; the output
+    as printed in raw."""
+    out, err, argv, path, status = io.StringIO(), io.StringIO(), sys.argv, list(sys.path), 0
+    cmd = sys.argv = ['experiments/report.py', *map(str, args)]
+    try:
+        with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            runpy.run_path(os.path.join(ROOT, 'experiments', 'report.py'), run_name='__main__')
+    except SystemExit as e:
+        status = e.code
+    finally:
+        sys.argv, sys.path[:] = argv, path  # report.py puts the repository first
+    p = subprocess.CompletedProcess(cmd, status, out.getvalue(), err.getvalue())
     p.raw, p.stdout = p.stdout, unwrap(p.stdout)
     return p
 
@@ -918,9 +935,13 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
         assert p.returncode == 1 and p.stdout + p.stderr == 'error: no CUDA GPU here\n'
 
 
-def test_gpu_probe_aten_way_keeps_the_gradients_without_atomics(tmp_path):
+def test_gpu_probe_aten_way_keeps_the_gradients_without_atomics(tmp_path, monkeypatch):
     """experiments/gpu_probe.py aten: the embedding, compiled, runs ATen's backward (no atomic adds
-    in Inductor's code) and gives the gradients eager mode gives. Wrong arguments: one line."""
+    in Inductor's code) and gives the gradients eager mode gives. Wrong arguments: one line.
+    The probe runs in this process (run_here), its changes to torch undone after."""
+    import torch._functorch.config
+    import torch._inductor.config
+    from torch._inductor.utils import run_and_get_code
     (tmp_path / 'train.py').write_text('''
 import torch
 from torch._inductor.utils import run_and_get_code
@@ -936,50 +957,48 @@ def grads(mdl):
     return [p.grad.clone() for p in m.parameters()]
 eager = grads(m)
 compiled, code = run_and_get_code(lambda: grads(torch.compile(m)))
-print("atomics", any("atomic_add" in c for c in code))
+print("compiled", len(code) > 0, "atomics", any("atomic_add" in c for c in code))
 print("equal", all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(compiled, eager)))
 ''')
-    # two threads, whatever OMP_NUM_THREADS the user set: on one, Inductor's CPU code has no
-    # parallel loop and so no atomic adds for the aten way to do without
-    env = dict(os.environ, PYTHONPATH=ROOT, TORCHINDUCTOR_FX_GRAPH_CACHE='0',
-               TORCHINDUCTOR_AUTOGRAD_CACHE='0', OMP_NUM_THREADS='2')
-    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'aten', '--',
-                        'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ['atomics', 'False', 'equal', 'True']
-    # the probe's subject, compiled in this process on the same two threads: Inductor's own code
-    # for the embedding's backward adds with atomics
-    import torch._functorch.config
-    import torch._inductor.config
-    from torch._inductor.utils import run_and_get_code
-    threads = torch.get_num_threads()
+    (tmp_path / 'plain').mkdir()
+    (tmp_path / 'plain' / 'train.py').write_text('import sys, torch\nprint(sys.argv[1:], '
+                                                 'torch.nn.Embedding.forward.__name__)\n')
+    monkeypatch.setattr(sys, 'path', list(sys.path))  # the probe puts its folder first
+    # two threads, as a GPU run's CPU side has: on one, Inductor's CPU code has no parallel loop and
+    # so no atomic adds for the aten way to do without; no cached code: it would show no code
+    threads, forward = torch.get_num_threads(), torch.nn.Embedding.forward
     torch.set_num_threads(2)
     try:
         torch._dynamo.reset()
-        torch.manual_seed(0)
-        wte = torch.nn.Embedding(50, 16)
-        x = torch.randint(0, 50, (2, 8))
-        x[:, :4] = 3  # one id many times
-        wte(x).pow(2).sum().backward()
-        eager, wte.weight.grad = wte.weight.grad, None
         with torch._inductor.config.patch(fx_graph_cache=False), \
                 torch._functorch.config.patch(enable_autograd_cache=False):
+            monkeypatch.chdir(tmp_path)
+            p = run_here('experiments/gpu_probe.py', 'aten', '--', 'train.py')
+            torch.nn.Embedding.forward = forward  # the aten way's undone: torch's again
+            assert p.returncode == 0, p.stderr
+            assert p.stdout.split() == ['compiled', 'True', 'atomics', 'False', 'equal', 'True']
+            # the inductor way is train.py as it is (the embedding as torch has it)
+            monkeypatch.chdir(tmp_path / 'plain')
+            p = run_here('experiments/gpu_probe.py', 'inductor', '--', 'train.py', '--x=1')
+            assert (p.returncode, p.stdout) == (0, "['--x=1'] forward\n"), p.stderr
+            # the probe's subject, compiled on the same two threads: Inductor's own code for the
+            # embedding's backward adds with atomics
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            wte = torch.nn.Embedding(50, 16)
+            x = torch.randint(0, 50, (2, 8))
+            x[:, :4] = 3  # one id many times
+            wte(x).pow(2).sum().backward()
+            eager, wte.weight.grad = wte.weight.grad, None
             _, code = run_and_get_code(lambda: torch.compile(wte)(x).pow(2).sum().backward())
     finally:
+        torch.nn.Embedding.forward = forward
         torch.set_num_threads(threads)
         torch._dynamo.reset()
     assert any('atomic_add' in c for c in code)
     assert torch.allclose(wte.weight.grad, eager, rtol=1e-5, atol=1e-7)
-    # the inductor way is train.py as it is
-    (tmp_path / 'plain').mkdir()
-    (tmp_path / 'plain' / 'train.py').write_text('import sys, torch\nprint(sys.argv[1:], '
-                                                 'torch.nn.Embedding.forward.__name__)\n')
-    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'inductor', '--',
-                        'train.py', '--x=1'], cwd=tmp_path / 'plain', env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert (p.returncode, p.stdout) == (0, "['--x=1'] forward\n"), p.stderr
     # a way it does not know, no `--`, a profile without its JSON: one line, before train.py runs
+    # (and before torch is imported: a process of its own)
     for args in (['pad64', '--', 'train.py'], ['aten', 'train.py'], ['profile', '--', 'train.py']):
         p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), *args],
                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -1176,13 +1195,12 @@ def test_stall_probe_measures_what_it_says():
     assert got['emb'] == pytest.approx(float(parts['emb']), rel=1e-5)
     assert got['ce'] == pytest.approx(float(parts['ce']), rel=1e-5)
     assert 0 < got['enc'] < 1 and 0 < got['out'] < 1
-    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'stall.py'), '--steps=0'],
-                       capture_output=True, text=True, timeout=120)
+    p = run_here('experiments/stall.py', '--steps=0')
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1] == (
         'stall.py: error: --steps must be at least 1, got 0')
 
 
-def test_gpu_probe_fused_way_is_the_loss_and_gradients_of_the_logits(tmp_path):
+def test_gpu_probe_fused_way_is_the_loss_and_gradients_of_the_logits(tmp_path, monkeypatch):
     """experiments/gpu_probe.py fused: the training loss from the head in chunks of rows (7 rows of
     64 logits, a short last chunk) is model.py's loss, its gradients the same, in float64, for the
     GPT and the AED (its embedding loss too); with logits asked for, model.py's own forward."""
@@ -1207,10 +1225,17 @@ for arch, kw in (("gpt", {}), ("aed", dict(embedding_loss_type="MSE", embedding_
         p_full.keys() == p_fused.keys() and all(abs(p_full[k] - p_fused[k]) < 1e-12 for k in p_full)
     print(arch, ok, 'emb' in p_fused)
 ''')
-    env = dict(os.environ, PYTHONPATH=ROOT, PROBE_LOSS_CHUNK=str(7 * 64))
-    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'fused', '--',
-                        'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
+    import model
+    monkeypatch.setenv('PROBE_LOSS_CHUNK', str(7 * 64))
+    monkeypatch.setattr(sys, 'path', list(sys.path))  # the probe puts its folder first
+    monkeypatch.chdir(tmp_path)
+    # in this process: the probe's forward and train.py's dtype are undone after
+    forward, dtype = model.Transformer.forward, torch.get_default_dtype()
+    try:
+        p = run_here('experiments/gpu_probe.py', 'fused', '--', 'train.py')
+    finally:
+        model.Transformer.forward = forward
+        torch.set_default_dtype(dtype)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split('\n')[:2] == ['gpt True False', 'aed True True'], p.stdout
 
