@@ -2,10 +2,13 @@
 Tests of report.py: fake run directories with hand-written logs (exact numbers), bad input, and one
 real tiny train.py run fed through report.py end to end.
 """
+import contextlib
+import io
 import json
 import math
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -15,16 +18,30 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import run_here
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 PY = sys.executable
 SVG = '{http://www.w3.org/2000/svg}'
 
 
 def run_report(*args):
-    # stdout with report.py's wrapped lines joined again, so that a check reads a whole line; the
-    # output as printed in raw
-    p = subprocess.run([PY, 'experiments/report.py', *map(str, args)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+    """report.py in this process, as `python experiments/report.py args` from the repository runs
+    it (exit status, stdout, stderr): a process would add only its start-up, ~60 times. (Not
+    conftest.run_here: its clean-up after train.py costs as much as report.py itself.) stdout
+    with report.py's wrapped lines joined again, so that a check reads a whole line; the output
+    as printed in raw."""
+    out, err, argv, path, status = io.StringIO(), io.StringIO(), sys.argv, list(sys.path), 0
+    cmd = sys.argv = ['experiments/report.py', *map(str, args)]
+    try:
+        with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            runpy.run_path(os.path.join(ROOT, 'experiments', 'report.py'), run_name='__main__')
+    except SystemExit as e:
+        status = e.code
+    finally:
+        sys.argv, sys.path[:] = argv, path  # report.py puts the repository first
+    p = subprocess.CompletedProcess(cmd, status, out.getvalue(), err.getvalue())
     p.raw, p.stdout = p.stdout, unwrap(p.stdout)
     return p
 
@@ -510,9 +527,18 @@ def test_committed_study_tables_reproduce(tmp_path, script, env, tables):
             if os.path.exists(os.path.join(exp, link)):
                 os.symlink(os.path.join(exp, link), tmp_path / link)
     where = {k: (str(tmp_path / v) if k != 'STEPS' else v) for k, v in env.items()}
+    # `python` is this one, but a console line's python -c that imports torch (the versions, not in
+    # the tables) is not run: 2 s each
+    shim = tmp_path / 'bin'
+    shim.mkdir()
+    (shim / 'python').write_text(f'''#!/usr/bin/env bash
+case "$1 $2" in "-c "*torch*) echo "(not run)"; exit 0 ;; esac
+exec {PY} "$@"
+''')
+    (shim / 'python').chmod(0o755)
     p = subprocess.run(['bash', os.path.join(exp, script)], capture_output=True, text=True,
-                       env={**os.environ, **where, 'REPORT_ONLY': '1', 'OMP_NUM_THREADS': '1'},
-                       timeout=300)
+                       env={**os.environ, **where, 'REPORT_ONLY': '1', 'OMP_NUM_THREADS': '1',
+                            'PATH': f"{shim}:{os.environ['PATH']}"}, timeout=300)
     assert p.returncode == 0, p.stderr
     for t in tables:
         with open(os.path.join(exp, f'{t}.md')) as f, open(tmp_path / f'{t}.md') as g:
@@ -732,14 +758,36 @@ def test_whole_val_and_where_a_run_ran(tmp_path):
                      'gpt_seed2, gpt_seed3')
 
 
+def small_wikipedia(root):
+    """A data_dir holding a 'wikipedia' dataset as prepare.py writes it (GPT-2 ids), 100,000
+    training tokens: what a study script's floors.py call reads, in a second, without the corpus."""
+    d = os.path.join(root, 'wikipedia')
+    os.makedirs(d)
+    rng = np.random.default_rng(0)
+    for split, n in (('train', 100_000), ('val', 2_000)):
+        rng.integers(0, 500, n, dtype=np.uint16).tofile(os.path.join(d, f'{split}.bin'))
+    with open(os.path.join(d, 'meta.json'), 'w') as f:
+        json.dump({'vocab_size': 50257, 'tokenizer': 'gpt2'}, f)
+    return str(root)
+
+
 def test_gpu_study_script_scales_the_schedule_and_resumes_a_cut_off_run(tmp_path):
     """experiments/gpu_author_regime.sh with `python` shimmed: no GPU needed, train.py faked (a
-    finished run is the committed baseline's files; with FAIL set, a run cut off after a save)."""
+    finished run is the committed baseline's files; with FAIL set, a run cut off after a save),
+    prepare.py faked (called when data/wikipedia is missing), floors.py real on a small corpus the
+    first time (its floors go under the table), faked after."""
     shim = tmp_path / 'bin'
     shim.mkdir()
     done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
+    data = small_wikipedia(tmp_path / 'data')
     (shim / 'python').write_text(f'''#!/usr/bin/env bash
 if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi  # the script's CUDA check
+if [ "$1" = prepare.py ]; then echo "$*" >> {tmp_path}/prepared; exit 0; fi
+if [ "$1" = experiments/floors.py ]; then
+    echo "$*" >> {tmp_path}/floors
+    [ -n "${{REAL_FLOORS:-}}" ] || exit 0
+    exec {PY} "$@" --data_dir={data}
+fi
 if [ "$1" = train.py ]; then
     echo "$*" >> {tmp_path}/calls
     out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
@@ -758,8 +806,16 @@ exec {PY} "$@"
         return subprocess.run(['bash', 'experiments/gpu_author_regime.sh', 'baseline'], cwd=ROOT,
                               env=dict(env, **more), capture_output=True, text=True, timeout=120)
 
-    p = script(FAIL='1')
+    p = script(FAIL='1', REAL_FLOORS='1')
     assert p.returncode != 0 and '=== baseline failed' in p.stdout, p.stdout + p.stderr
+    res = tmp_path / 'res' / 'w300'
+    # the count-model floors of all of train.bin, at the runs' context, where report() reads them
+    assert (tmp_path / 'floors').read_text() == (
+        f'experiments/floors.py --context_size=200 --json={res}_floors.json\n')
+    assert json.load(open(f'{res}_floors.json'))['context_size'] == 200
+    # the default corpus is prepared when it is not there (and only then)
+    assert os.path.exists(tmp_path / 'prepared') != os.path.exists(
+        os.path.join(ROOT, 'data', 'wikipedia', 'train.bin'))
     p = script()
     assert p.returncode == 0, p.stdout + p.stderr
     calls = (tmp_path / 'calls').read_text().splitlines()
@@ -768,9 +824,9 @@ exec {PY} "$@"
     args = (f'train.py config/baseline.py --train_steps=400 --warmup_iters=300 '
             f'--lr_decay_iters=31111 --est_interval=20 --log_interval=20 --out_dir={out}')
     assert calls == [args + ' --overwrite=True', args + ' --init_from=resume']
-    res = tmp_path / 'res' / 'w300'
     assert (res / 'baseline' / 'summary.json').read_text() == open(f'{done}/summary.json').read()
-    assert '| baseline |' in (tmp_path / 'res' / 'w300.md').read_text()
+    table = (tmp_path / 'res' / 'w300.md').read_text()
+    assert '| baseline |' in table and 'Count-model floors (experiments/floors.py)' in table
     p = script()  # a finished run is skipped
     assert '=== baseline: finished' in p.stdout
     assert len((tmp_path / 'calls').read_text().splitlines()) == 2
@@ -789,6 +845,8 @@ def gpu_script_env(tmp_path, trainer, more=''):
     done = os.path.join(ROOT, 'experiments', 'gpu_author_regime', 'baseline')
     (shim / 'python').write_text(f'''#!/usr/bin/env bash
 if [ "$1" = -c ]; then echo "=== a GPU"; exit 0; fi
+# the data and its floors: gpu_author_regime.sh's own test runs them
+case "$1" in prepare.py|experiments/floors.py) exit 0 ;; esac
 {more}if [ "$1" = {trainer} ]; then
     echo "$*" >> {tmp_path}/calls
     out=$(printf '%s\\n' "$@" | sed -n 's/^--out_dir=//p')
@@ -877,9 +935,13 @@ def test_gpu_train_step_script_runs_each_probe_on_its_config_and_data(tmp_path):
         assert p.returncode == 1 and p.stdout + p.stderr == 'error: no CUDA GPU here\n'
 
 
-def test_gpu_probe_aten_way_keeps_the_gradients_without_atomics(tmp_path):
+def test_gpu_probe_aten_way_keeps_the_gradients_without_atomics(tmp_path, monkeypatch):
     """experiments/gpu_probe.py aten: the embedding, compiled, runs ATen's backward (no atomic adds
-    in Inductor's code) and gives the gradients eager mode gives. Wrong arguments: one line."""
+    in Inductor's code) and gives the gradients eager mode gives. Wrong arguments: one line.
+    The probe runs in this process (run_here), its changes to torch undone after."""
+    import torch._functorch.config
+    import torch._inductor.config
+    from torch._inductor.utils import run_and_get_code
     (tmp_path / 'train.py').write_text('''
 import torch
 from torch._inductor.utils import run_and_get_code
@@ -895,50 +957,48 @@ def grads(mdl):
     return [p.grad.clone() for p in m.parameters()]
 eager = grads(m)
 compiled, code = run_and_get_code(lambda: grads(torch.compile(m)))
-print("atomics", any("atomic_add" in c for c in code))
+print("compiled", len(code) > 0, "atomics", any("atomic_add" in c for c in code))
 print("equal", all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(compiled, eager)))
 ''')
-    # two threads, whatever OMP_NUM_THREADS the user set: on one, Inductor's CPU code has no
-    # parallel loop and so no atomic adds for the aten way to do without
-    env = dict(os.environ, PYTHONPATH=ROOT, TORCHINDUCTOR_FX_GRAPH_CACHE='0',
-               TORCHINDUCTOR_AUTOGRAD_CACHE='0', OMP_NUM_THREADS='2')
-    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'aten', '--',
-                        'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ['atomics', 'False', 'equal', 'True']
-    # the probe's subject, compiled in this process on the same two threads: Inductor's own code
-    # for the embedding's backward adds with atomics
-    import torch._functorch.config
-    import torch._inductor.config
-    from torch._inductor.utils import run_and_get_code
-    threads = torch.get_num_threads()
+    (tmp_path / 'plain').mkdir()
+    (tmp_path / 'plain' / 'train.py').write_text('import sys, torch\nprint(sys.argv[1:], '
+                                                 'torch.nn.Embedding.forward.__name__)\n')
+    monkeypatch.setattr(sys, 'path', list(sys.path))  # the probe puts its folder first
+    # two threads, as a GPU run's CPU side has: on one, Inductor's CPU code has no parallel loop and
+    # so no atomic adds for the aten way to do without; no cached code: it would show no code
+    threads, forward = torch.get_num_threads(), torch.nn.Embedding.forward
     torch.set_num_threads(2)
     try:
         torch._dynamo.reset()
-        torch.manual_seed(0)
-        wte = torch.nn.Embedding(50, 16)
-        x = torch.randint(0, 50, (2, 8))
-        x[:, :4] = 3  # one id many times
-        wte(x).pow(2).sum().backward()
-        eager, wte.weight.grad = wte.weight.grad, None
         with torch._inductor.config.patch(fx_graph_cache=False), \
                 torch._functorch.config.patch(enable_autograd_cache=False):
+            monkeypatch.chdir(tmp_path)
+            p = run_here('experiments/gpu_probe.py', 'aten', '--', 'train.py')
+            torch.nn.Embedding.forward = forward  # the aten way's undone: torch's again
+            assert p.returncode == 0, p.stderr
+            assert p.stdout.split() == ['compiled', 'True', 'atomics', 'False', 'equal', 'True']
+            # the inductor way is train.py as it is (the embedding as torch has it)
+            monkeypatch.chdir(tmp_path / 'plain')
+            p = run_here('experiments/gpu_probe.py', 'inductor', '--', 'train.py', '--x=1')
+            assert (p.returncode, p.stdout) == (0, "['--x=1'] forward\n"), p.stderr
+            # the probe's subject, compiled on the same two threads: Inductor's own code for the
+            # embedding's backward adds with atomics
+            torch._dynamo.reset()
+            torch.manual_seed(0)
+            wte = torch.nn.Embedding(50, 16)
+            x = torch.randint(0, 50, (2, 8))
+            x[:, :4] = 3  # one id many times
+            wte(x).pow(2).sum().backward()
+            eager, wte.weight.grad = wte.weight.grad, None
             _, code = run_and_get_code(lambda: torch.compile(wte)(x).pow(2).sum().backward())
     finally:
+        torch.nn.Embedding.forward = forward
         torch.set_num_threads(threads)
         torch._dynamo.reset()
     assert any('atomic_add' in c for c in code)
     assert torch.allclose(wte.weight.grad, eager, rtol=1e-5, atol=1e-7)
-    # the inductor way is train.py as it is
-    (tmp_path / 'plain').mkdir()
-    (tmp_path / 'plain' / 'train.py').write_text('import sys, torch\nprint(sys.argv[1:], '
-                                                 'torch.nn.Embedding.forward.__name__)\n')
-    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'inductor', '--',
-                        'train.py', '--x=1'], cwd=tmp_path / 'plain', env=env,
-                       capture_output=True, text=True, timeout=120)
-    assert (p.returncode, p.stdout) == (0, "['--x=1'] forward\n"), p.stderr
     # a way it does not know, no `--`, a profile without its JSON: one line, before train.py runs
+    # (and before torch is imported: a process of its own)
     for args in (['pad64', '--', 'train.py'], ['aten', 'train.py'], ['profile', '--', 'train.py']):
         p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), *args],
                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -948,15 +1008,17 @@ print("equal", all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(co
 
 def test_cpu_study_script_resumes_restarts_skips_and_scrubs_paths(tmp_path):
     """experiments/cpu_data_constrained.sh with `python` shimmed (train.py faked, report.py and
-    prepare.py skipped): a finished run in RES is skipped, one with a checkpoint resumes, one
-    killed before its first checkpoint starts over, and the committed copies hold no absolute
-    path and only the last step record."""
+    prepare.py skipped, floors.py on a small corpus): a finished run in RES is skipped, one with a
+    checkpoint resumes, one killed before its first checkpoint starts over, and the committed
+    copies hold no absolute path and only the last step record."""
     shim, out, res = tmp_path / 'bin', tmp_path / 'out', tmp_path / 'res'
     shim.mkdir()
+    data = small_wikipedia(tmp_path / 'data')
     (shim / 'python').write_text(f'''#!/usr/bin/env bash
 case "$1" in
     -c) echo "3.11 torch 2"; exit 0 ;;  # the script's version line
     prepare.py|experiments/report.py) exit 0 ;;
+    experiments/floors.py) exec {PY} "$@" --data_dir={data} ;;
     train.py) ;;
     *) exec {PY} "$@" ;;
 esac
@@ -978,11 +1040,17 @@ echo "done: fake"
     (out / 'aed_mse_possub' / 'ckpt_last.pt').write_text('')
     os.makedirs(out / 'baseline_seed2')
     (out / 'baseline_seed2' / 'log.jsonl').write_text('{"type": "start", "step": 0}\n')
+    # all runs at once (JOBS): the tables are rewritten as runs end, not after each of 49 (the
+    # byte study's test runs two at a time)
     p = subprocess.run(['bash', 'experiments/cpu_data_constrained.sh'], cwd=ROOT,
                        env=dict(os.environ, PATH=f"{shim}:{os.environ['PATH']}", OUT=str(out),
-                                RES=str(res)), capture_output=True, text=True, timeout=300)
+                                RES=str(res), JOBS='50'), capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert '=== baseline: finished' in p.stdout
+    # the floors of the runs' 100,000 training tokens, where report() reads them
+    assert json.load(open(f'{res}_floors.json'))['train_tokens'] == 100_000
+    assert '50 of 50 runs finished' in (tmp_path / 'res.md').read_text()
     calls = {c.split('--out_dir=')[1].split()[0].split('/')[-1]: c
              for c in (tmp_path / 'calls').read_text().splitlines()}
     assert len(calls) == 49 and 'baseline' not in calls  # all 50 runs but the finished one
@@ -1012,6 +1080,9 @@ def test_byte_study_script_picks_the_dropout_at_the_pilot_seed(tmp_path):
 case "$1" in
     prepare.py|experiments/floors.py|experiments/report.py) exit 0 ;;
     train.py) ;;
+    # the script's own python -c lines (the dropout rate, 57 a run) read JSON: the standard library
+    # is enough, and without site's start-up (-S) each is a third of the time
+    -c) exec {PY} -S "$@" ;;
     *) exec {PY} "$@" ;;
 esac
 echo "$*" >> {tmp_path}/calls
@@ -1124,13 +1195,12 @@ def test_stall_probe_measures_what_it_says():
     assert got['emb'] == pytest.approx(float(parts['emb']), rel=1e-5)
     assert got['ce'] == pytest.approx(float(parts['ce']), rel=1e-5)
     assert 0 < got['enc'] < 1 and 0 < got['out'] < 1
-    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'stall.py'), '--steps=0'],
-                       capture_output=True, text=True, timeout=120)
+    p = run_here('experiments/stall.py', '--steps=0')
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1] == (
         'stall.py: error: --steps must be at least 1, got 0')
 
 
-def test_gpu_probe_fused_way_is_the_loss_and_gradients_of_the_logits(tmp_path):
+def test_gpu_probe_fused_way_is_the_loss_and_gradients_of_the_logits(tmp_path, monkeypatch):
     """experiments/gpu_probe.py fused: the training loss from the head in chunks of rows (7 rows of
     64 logits, a short last chunk) is model.py's loss, its gradients the same, in float64, for the
     GPT and the AED (its embedding loss too); with logits asked for, model.py's own forward."""
@@ -1155,10 +1225,17 @@ for arch, kw in (("gpt", {}), ("aed", dict(embedding_loss_type="MSE", embedding_
         p_full.keys() == p_fused.keys() and all(abs(p_full[k] - p_fused[k]) < 1e-12 for k in p_full)
     print(arch, ok, 'emb' in p_fused)
 ''')
-    env = dict(os.environ, PYTHONPATH=ROOT, PROBE_LOSS_CHUNK=str(7 * 64))
-    p = subprocess.run([PY, os.path.join(ROOT, 'experiments', 'gpu_probe.py'), 'fused', '--',
-                        'train.py'], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=300)
+    import model
+    monkeypatch.setenv('PROBE_LOSS_CHUNK', str(7 * 64))
+    monkeypatch.setattr(sys, 'path', list(sys.path))  # the probe puts its folder first
+    monkeypatch.chdir(tmp_path)
+    # in this process: the probe's forward and train.py's dtype are undone after
+    forward, dtype = model.Transformer.forward, torch.get_default_dtype()
+    try:
+        p = run_here('experiments/gpu_probe.py', 'fused', '--', 'train.py')
+    finally:
+        model.Transformer.forward = forward
+        torch.set_default_dtype(dtype)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split('\n')[:2] == ['gpt True False', 'aed True True'], p.stdout
 
