@@ -117,7 +117,7 @@ class RunDir:
             return
         resume = self.saved_step is not None
         self.log_file = open(self.path('log.jsonl'), 'ab' if resume else 'wb', buffering=0)
-        self.log({'type': 'resume' if resume else 'start', 'step': self.step, **facts})
+        self.log({'type': 'resume' if resume else 'start', 'step': self.step, **self.facts})
         if not resume:
             return
         if self.best_step == self.step:
