@@ -1,7 +1,8 @@
 """
 Tests of sample.py's streaming: the text it prints token by token is the decoded text of the sampled
 tokens, it shows up while sampling goes on, and Ctrl-C stops it in one line. A tiny model, saved as
-train.py does.
+train.py does. What needs no process of its own (the printed text, a refusal) runs in this process
+(run_here); signals, closed pipes and start-up run sample.py as users do.
 $ python -m pytest -q test_sample.py
 """
 import dataclasses
@@ -17,7 +18,7 @@ import torch
 
 import checkpoint
 from configurator import read_config_file
-from conftest import ROOT, signal_after_reader_gone, train_defaults
+from conftest import ROOT, run_here, signal_after_reader_gone, train_defaults
 from model import ModelConfig, build_model
 from tokenizer import get_encoding
 
@@ -39,10 +40,9 @@ def out_dir(tmp_path_factory):
 
 
 def sample(out_dir, *args):
-    p = subprocess.run([sys.executable, 'sample.py', f'--out_dir={out_dir}', '--device=cpu', *args],
-                       cwd=ROOT, capture_output=True, env=ENV, timeout=120)
-    # not text=True: it would turn \r into \n
-    return p.returncode, p.stdout.decode(), p.stderr.decode()
+    # in this process: what it prints, as written (a \r stays a \r)
+    p = run_here('sample.py', f'--out_dir={out_dir}', '--device=cpu', *args)
+    return p.returncode, p.stdout, p.stderr
 
 
 def test_streamed_text_is_the_decoded_tokens(out_dir):
