@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "exp
 from report import train_defaults  # noqa: E402 (train.py's keys, read from its source)
 
 # -----------------------------------------------------------------------------
-quick = False  # a check of the plumbing in seconds: small models at batch 4, nothing compiled
+quick = False  # a check of the plumbing in seconds: small models at batch 1, nothing compiled
 device = "auto"  # 'auto' (cuda if available), 'cpu', 'cuda'
 repeats = 0  # timed runs per measurement (generation: a third as many); 0: 3 with quick, else 5
 out_json = "bench.json"
@@ -71,7 +71,7 @@ config_files, config_overrides, configs = [], [], []  # the train section's, whe
 # nanoGPT's train.py on its reference config here: 4 layers, 128 wide, 4 heads, GPT-2 vocab,
 # batch 16 x 128
 NANOGPT_REF = dict(arch="gpt", n_layer=4, n_embed=128, n_head=4, context_size=128)
-QUICK_BATCH = 4  # quick: the small models' batch (16 otherwise), a check of the plumbing
+QUICK_BATCH = 1  # quick: the small models' batch (16 otherwise), a check of the plumbing
 SMALL_AED = dict(arch="aed", n_layer=2, n_embed=128, n_head=4, context_size=128,
                  embedding_loss_type="MSE", embedding_loss_coeff=8.0,
                  sub_pos_embed_to_decoder="YES_NO_LN")
@@ -127,7 +127,8 @@ def interleaved(fns, n, warm_up=1):
 
 def matmul_peak():
     """FLOP/s of a large matmul in the training dtype: the ceiling a training step can approach."""
-    n = 2048 if device_type == "cpu" else 8192
+    # quick and dry check the plumbing: a small matmul will do
+    n = 8192 if device_type == "cuda" else 512 if quick or dry else 2048
     dt = torch.float32 if device_type == "cpu" else torch.bfloat16
     a, b = torch.randn(n, n, device=device, dtype=dt), torch.randn(n, n, device=device, dtype=dt)
     a @ b  # warm-up
@@ -789,13 +790,14 @@ def bench_data():
 
 def bench_prepare():
     """prepare() against tiktoken's encode_ordinary_batch with all cores, on the same text: the
-    default Wikipedia corpus, repeated to be long enough to time. Peak RSS is the whole prepare.py
-    process's."""
+    default Wikipedia corpus, repeated to be long enough to time (quick: a quarter of it). Peak
+    RSS is the whole prepare.py process's."""
     import prepare
     from tokenizer import get_encoding
 
     with open(prepare.wikipedia_text(), encoding="utf-8") as f:
-        text = f.read() * (1 if quick else 4)
+        text = f.read()
+    text = text[:len(text) // 4] if quick else text * 4  # quick: the plumbing, in a second
     docs = text.split(prepare.EOT)
     mb = len(text.encode("utf-8")) / 1e6
     enc = get_encoding()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import bench
+from conftest import run_here
 from model import ModelConfig, build_model
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -64,22 +65,25 @@ def test_bench_quick(tmp_path):
 
 
 def test_bench_bad_option():
+    """A mistyped option, in a real process: exit status 1, one line on stderr naming the option
+    meant, nothing on stdout, no traceback (the other bad inputs run in this process)."""
     p = subprocess.run([sys.executable, "bench.py", "--quik=True"], cwd=HERE, capture_output=True,
                        text=True, env=ENV)
-    assert p.returncode == 1 and "quick" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 1 and p.stdout == "" and p.stderr.count("\n") == 1
+    assert "quick" in p.stderr and "Traceback" not in p.stderr
 
 
 BYTE_CONFIGS = ["config/bytes_baseline.py", "config/bytes_aed_mse_possub.py"]
 
 
-def test_bench_config_files(tmp_path):
+def test_bench_config_files(tmp_path, monkeypatch):
     """Config files: each one's training step as train.py would take it (its batch, dtype, compile,
     split), interleaved; a row per config with its median, and the ratio to the first that the
-    medians give. Tiny models: the plumbing is tested, not the figures."""
+    medians give. Tiny models: the plumbing is tested, not the figures (in this process)."""
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "bench.py", *BYTE_CONFIGS, "--n_layer=1", "--n_embed=16",
-                        "--context_size=16", "--batch_size=2", "--repeats=3", f"--out_json={out}"],
-                       cwd=HERE, capture_output=True, text=True, env=ENV, timeout=300)
+    monkeypatch.chdir(HERE)  # the config files' paths are relative
+    p = run_here("bench.py", *BYTE_CONFIGS, "--n_layer=1", "--n_embed=16", "--context_size=16",
+                 "--batch_size=2", "--repeats=3", f"--out_json={out}")
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     assert set(r["section_seconds"]) == {"train"} and "train" not in r
@@ -110,9 +114,9 @@ def test_bench_config_files(tmp_path):
     (["--n_layer=1"], "give config files"),
     (["config/bytes_baseline.py", "--n_embed=15"], "divisible"),
 ])
-def test_bench_config_files_bad_input(args, words):
-    p = subprocess.run([sys.executable, "bench.py", *args], cwd=HERE, capture_output=True,
-                       text=True, env=ENV, timeout=120)
+def test_bench_config_files_bad_input(args, words, monkeypatch):
+    monkeypatch.chdir(HERE)
+    p = run_here("bench.py", *args)
     assert p.returncode == 1 and p.stdout == "", p.stdout
     assert p.stderr.count("\n") == 1 and words in p.stderr and "Traceback" not in p.stderr
 
@@ -140,31 +144,40 @@ def test_kernel_kinds_of_an_h200_profile():
     assert {n: bench.kernel_kind(n) for n in names} == names
 
 
-def test_bench_step_dry(tmp_path):
-    """--sections=step --dry: the GPU flow on CPU with 2-block models, each variant of STEP_PLAN in
-    its order: the first compiled while 3 children compile later ones, each model's step as it was
-    the gradient reference, every other variant's gradients equal to it (float32 on CPU: the
-    accumulation and the split change only rounding), a profile summary for each."""
+def check_step_row(row):
+    """A dry step row: finite gradients, equal to its model's reference step (float32 on CPU: the
+    accumulation and the split change only rounding), its tokens/s from its time, a profile."""
+    assert row["grad_ok"] and row["grad_finite"], row
+    assert row.get("grad_reference") or row["grad_rel_err"] < 1e-5, row
+    assert row["tokens_per_s"] == pytest.approx(16 * 16 / row["ms_per_step"] * 1000)
+    prof = row["profile"]
+    assert 0 < prof["busy_share"] <= 1 and prof["kernels_per_micro_batch"] > 0, prof
+    assert prof["host_us_per_launch"] > 0 and prof["ms_by_kind"], prof
+
+
+def test_bench_step_dry(tmp_path, monkeypatch):
+    """--sections=step --dry --step_models=gpt: the GPU flow on CPU with a 2-block GPT, each of its
+    variants of STEP_PLAN in that order: the first compiled while 3 children (real processes)
+    compile later ones, its step as it was the gradient reference, every other variant's gradients
+    equal to it, a profile summary for each. The flow runs in this process (the AED's variants:
+    test_bench_step_gradient_check_marks_a_wrong_variant)."""
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "bench.py", "--sections=step", "--dry", "--step_steps=1",
-                        f"--out_json={out}"], cwd=HERE, capture_output=True, text=True, env=ENV,
-                       timeout=900)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the children's
+    p = run_here("bench.py", "--sections=step", "--dry", "--step_steps=1", "--step_models=gpt",
+                 f"--out_json={out}")
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     rows = r["step"]
     assert [row["variant"] for row in rows] == [
         f"{m} {n}x{16 // n} {mode}" + (" .backward()" if acc == "backward" else "")
-        for m, n, mode, acc in bench.STEP_PLAN]
+        for m, n, mode, acc in bench.STEP_PLAN if m == "gpt"]
+    # the next 3 (model, split) groups: gpt 16x1, 4x4 and 8x2, one child each
     assert r["step_skipped"] == [] and r["step_prewarm"]["children"] == 3
+    assert r["step_prewarm"]["stopped"] == 0  # none had to be killed
     assert [row["variant"] for row in rows if row.get("grad_reference")] == [
-        "gpt 16x1 default .backward()", "aed 16x1 default .backward()"]
+        "gpt 16x1 default .backward()"]
     for row in rows:
-        assert row["grad_ok"] and row["grad_finite"], row
-        assert row.get("grad_reference") or row["grad_rel_err"] < 1e-5, row
-        assert row["tokens_per_s"] == pytest.approx(16 * 16 / row["ms_per_step"] * 1000)
-        prof = row["profile"]
-        assert 0 < prof["busy_share"] <= 1 and prof["kernels_per_micro_batch"] > 0, prof
-        assert prof["host_us_per_launch"] > 0 and prof["ms_by_kind"], prof
+        check_step_row(row)
 
 
 class FakeClock:
@@ -207,22 +220,27 @@ def test_bench_step_budget_and_json_after_each_variant(monkeypatch):
 
 
 def test_bench_step_gradient_check_marks_a_wrong_variant(monkeypatch):
-    """A variant whose gradients are 10% off the model's reference step is marked wrong (over 5e-2
-    relative); the same variant unchanged is within float32 rounding of it."""
+    """The AED's dry step (a 1 + 1 block model): its step as it was is its gradient reference, a
+    4-way split through autograd.grad is within float32 rounding of it (rows as
+    test_bench_step_dry checks them); the same variant with gradients 10% off is marked wrong (over
+    5e-2 relative)."""
     for k, v in dict(results={"matmul_peak_flops": 1.0}, dry=True, step_n_sequences=16,
                      step_steps=1, device="cpu", device_type="cpu").items():
         monkeypatch.setattr(bench, k, v, raising=False)
     refs = {}
-    ref = bench.run_variant(("gpt", 16, "default", "backward"), refs)
-    assert ref["grad_reference"] and ref["grad_ok"]
-    assert bench.run_variant(("gpt", 4, "default", "grad"), refs)["grad_rel_err"] < 1e-5
+    ref = bench.run_variant(("aed", 16, "default", "backward"), refs)
+    assert ref["variant"] == "aed 16x1 default .backward()" and ref["grad_reference"]
+    row = bench.run_variant(("aed", 4, "default", "grad"), refs)
+    assert row["variant"] == "aed 4x4 default" and "grad_reference" not in row
+    for r in (ref, row):
+        check_step_row(r)
     accumulate = bench.Step.accumulate_grads
 
     def off(self):
         accumulate(self)
         torch._foreach_mul_(self.grads, 1.1)
     monkeypatch.setattr(bench.Step, "accumulate_grads", off)
-    row = bench.run_variant(("gpt", 4, "default", "grad"), refs)
+    row = bench.run_variant(("aed", 4, "default", "grad"), refs)
     assert row["grad_rel_err"] == pytest.approx(0.1, rel=1e-3) and not row["grad_ok"]
 
 
@@ -232,8 +250,7 @@ def test_bench_step_gradient_check_marks_a_wrong_variant(monkeypatch):
     (["--sections=stepp"], "step"),
 ])
 def test_bench_step_bad_option(args, words):
-    p = subprocess.run([sys.executable, "bench.py", *args], cwd=HERE, capture_output=True,
-                       text=True, env=ENV)
+    p = run_here("bench.py", *args)
     assert p.returncode == 1 and words in p.stderr and "Traceback" not in p.stderr
 
 
@@ -242,8 +259,7 @@ def test_params_section_counts_every_config(tmp_path):
     token, as the model counts them (the author's counts for the key pair), without timing
     anything."""
     out = tmp_path / "bench.json"
-    p = subprocess.run([sys.executable, "bench.py", "--sections=params", f"--out_json={out}"],
-                       cwd=HERE, capture_output=True, text=True, env=ENV, timeout=600)
+    p = run_here("bench.py", "--sections=params", f"--out_json={out}")
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     rows = {row["config"]: row for row in r["params"]}

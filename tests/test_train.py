@@ -151,7 +151,8 @@ def test_help(script, sources, line):
     """--help (or -h) prints the script's docstring and every key with its default and the comment
     beside it in the source, and exits 0, whatever else is on the command line."""
     from configurator import key_comments
-    p = run(script, '--no_such_key=1', '-h' if script == 'prepare.py' else '--help')
+    # in this process: the text is the subject (a real --help: test_help_into_a_closed_pipe_...)
+    p = run_here(script, '--no_such_key=1', '-h' if script == 'prepare.py' else '--help')
     assert p.returncode == 0 and p.stderr == '', p.stderr
     assert re.search(line, p.stdout, re.M), p.stdout
     assert p.stdout.startswith(
@@ -399,19 +400,20 @@ def same_weights(a, b, atol):
 # ----------------------------------------------------------------------------- script errors
 def test_script_errors_are_one_line(tmp_path, monkeypatch):
     # what the parser catches is tested above; here: the scripts turn every bad input into one line
+    # (a real process for the first; the others in this process: a traceback would raise here)
     p = run('train.py', '--lrr=1')
     assert_one_line_error(p, "unknown config key 'lrr'", "did you mean 'lr'")
-    p = run('train.py', '--arch=bert')
+    p = run_here('train.py', '--arch=bert')
     assert_one_line_error(p, 'model config', 'arch')
-    p = run('train.py', *TINY, f'--data_dir={tmp_path}', f'--out_dir={tmp_path}/out')
+    p = run_here('train.py', *TINY, f'--data_dir={tmp_path}', f'--out_dir={tmp_path}/out')
     assert_one_line_error(p, os.path.join(str(tmp_path), 'wikipedia', 'train.bin'),
                           f'not found: run python prepare.py --data_dir={tmp_path} (docs/data.md)')
     assert not os.path.exists(tmp_path / 'out')  # a refused run leaves no out_dir with a lone .lock
     # an out_dir made before stays
     data = make_data(tmp_path / 'd')
     os.makedirs(tmp_path / 'empty')
-    p = run('train.py', *TINY, f'--data_dir={data}', '--dataset=shakespeare_char',
-            f'--out_dir={tmp_path}/empty')
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=shakespeare_char',
+                 f'--out_dir={tmp_path}/empty')
     assert_one_line_error(p, 'shakespeare_char/train.bin not found: run python prepare.py '
                           f'--input=<your text> --name=shakespeare_char --data_dir={data} ')
     assert os.listdir(tmp_path / 'empty') == []
@@ -432,9 +434,9 @@ def test_script_errors_are_one_line(tmp_path, monkeypatch):
     p = run_here('train.py', '--config=config/cpu_baseline.py')
     assert_one_line_error(p, "unknown config key 'config' on the command line")
     assert_one_line_error(run_here('train.py', 'config'), 'config file not found: config')
-    p = run('train.py', *TINY, f'--out_dir={tmp_path}/none', '--init_from=resume')
+    p = run_here('train.py', *TINY, f'--out_dir={tmp_path}/none', '--init_from=resume')
     assert_one_line_error(p, 'no checkpoint at')
-    p = run('sample.py', f'--out_dir={tmp_path}/none', '--num_samples=2')
+    p = run_here('sample.py', f'--out_dir={tmp_path}/none', '--num_samples=2')
     assert_one_line_error(p, 'no checkpoint at')
     os.makedirs(tmp_path / 'junk')
     (tmp_path / 'junk' / 'ckpt_best.pt').write_bytes(b'not a checkpoint')
@@ -502,8 +504,8 @@ def test_a_resume_needs_only_out_dir_and_keeps_the_model(tmp_path, tiny_runs):
     the same model spelt out is none."""
     out = str(tmp_path / 'run')
     shutil.copytree(tiny_runs['resumed'], out)
-    p = run('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=42',
-            '--device=cpu')
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--train_steps=42',
+                 '--device=cpu')
     assert p.returncode == 0, p.stderr
     assert load_ckpt(out)['step'] == 42
     p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--n_embed=32')
@@ -634,31 +636,6 @@ def test_nan_loss_stops_without_saving(tmp_path, monkeypatch):
     log = read_log(out)
     assert log[-1]['type'] == 'stop' and max(r['step'] for r in log if r['type'] == 'step') == 12
     assert json.load(open(os.path.join(out, 'summary.json')))['status'].startswith('stopped')
-
-
-def test_torchrun_two_processes_match_one(tmp_path):
-    """2 gloo ranks x 1 micro-step == 1 process x 2 micro-steps: different batches per rank,
-    gradients averaged once per step."""
-    data = make_data(tmp_path)
-    common = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=6', '--est_interval=3']
-    one = str(tmp_path / 'one')
-    p = run_here('train.py', *common, f'--out_dir={one}')
-    assert p.returncode == 0, p.stderr
-    two = str(tmp_path / 'two')
-    p = subprocess.run([PY, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                        'train.py', *common, f'--out_dir={two}'], cwd=ROOT, capture_output=True,
-                       text=True, timeout=180, env=ENV)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert '2 process(es)' in p.stdout and p.stdout.count('step 6/6') == 1  # only rank 0 logs
-    a, b = load_ckpt(one), load_ckpt(two)
-    assert b['step'] == 6
-    same_weights(a['model'], b['model'], atol=1e-4)
-    # and the ranks did not draw the same batch: rank 0's batch alone gives other weights
-    same = str(tmp_path / 'same')
-    p = run_here('train.py', *common, '--gradient_accumulation_steps=1', f'--out_dir={same}')
-    assert p.returncode == 0, p.stderr
-    c = load_ckpt(same)
-    assert max((b['model'][k] - c['model'][k]).abs().max() for k in c['model']) > 1e-3
 
 
 # ----------------------------------------------------------------------------- the lr schedule
@@ -938,8 +915,8 @@ def test_full_disk_on_a_real_file_system(tmp_path):
     try:
         data = make_data(tmp_path)
         out = str(disk / 'out')  # a checkpoint is ~330 KB: the disk fills after a save or two
-        p = run('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny', f'--out_dir={out}',
-                '--train_steps=8', '--est_interval=2')
+        p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny',
+                     f'--out_dir={out}', '--train_steps=8', '--est_interval=2')
         assert_one_line_error(p,
                               f"no space left on {disk} while saving {out}/ckpt_last.pt; "
                               "stopped at step ")
@@ -1193,7 +1170,7 @@ def test_ctrl_c_at_any_moment(tmp_path):
                     '(the same command starts the run over)', err
 
 
-def start_ddp_run(data, out, monitor_s=0.1):
+def start_ddp_run(data, out, monitor_s=0.1, stdout=subprocess.DEVNULL):
     """A 2-process torchrun of TINY that trains until stopped; its stderr is piped. torchrun checks
     its workers every monitor_s seconds, then stops the others of one that died."""
     return subprocess.Popen([PY, '-m', 'torch.distributed.run', '--standalone',
@@ -1201,29 +1178,49 @@ def start_ddp_run(data, out, monitor_s=0.1):
                              '--nproc_per_node=2', 'train.py', *TINY, f'--data_dir={data}',
                              '--dataset=tiny', '--train_steps=100000', '--est_interval=5',
                              '--log_interval=1000', f'--out_dir={out}'],
-                            cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=ENV, stdout=stdout, stderr=subprocess.PIPE, text=True)
 
 
-def test_ctrl_c_under_torchrun(tmp_path):
-    """Ctrl-C reaches torchrun, which passes it on to its workers: rank 0 says where the run stopped
-    and how to go on, in one line (torchrun then prints its own traceback)."""
+def test_torchrun_two_processes_match_one_and_ctrl_c_stops_them(tmp_path):
+    """2 gloo ranks x 1 micro-step == 1 process x 2 micro-steps: different batches per rank,
+    gradients averaged once per step, only rank 0 logs. Ctrl-C reaches torchrun, which passes it on
+    to its workers: rank 0 says where the run stopped and how to go on, in one line (torchrun then
+    prints its own traceback). One torchrun for both."""
     data = make_data(tmp_path)
     out = str(tmp_path / 'ddp')
-    torchrun = start_ddp_run(data, out)
+    torchrun = start_ddp_run(data, out, stdout=subprocess.PIPE)  # (a few lines: no reader needed)
     deadline = time.time() + 120
     while time.time() < deadline and not (os.path.exists(os.path.join(out, 'log.jsonl'))
                                           and sum(r['type'] == 'step' for r in read_log(out)) >= 6):
         assert torchrun.poll() is None, 'torchrun ended early: ' + torchrun.stderr.read()
         time.sleep(0.1)
     torchrun.send_signal(signal.SIGINT)
-    err = torchrun.communicate(timeout=60)[1]
+    stdout, err = torchrun.communicate(timeout=60)
+    two = load_ckpt(out)  # saved at an estimate (every 5 steps), before the stop
     ours = [line for line in err.splitlines() if line.startswith('error: ')]
     assert len(ours) == 1 and re.fullmatch(
         rf"error: interrupted by SIGINT at step \d+; the last checkpoint, "
-        rf"{re.escape(out)}/ckpt_last.pt, is from step {load_ckpt(out)['step']}: "
+        rf"{re.escape(out)}/ckpt_last.pt, is from step {two['step']}: "
         rf"continue with torchrun --standalone --nproc_per_node=2 train.py --init_from=resume "
         rf"--out_dir={re.escape(out)}", ours[0]), err
+    # only rank 0 logs: one header, one line per estimate
+    assert '2 process(es)' in stdout and stdout.count('aed model, ') == 1, stdout
+    assert stdout.count('step 5: estimate') == 1, stdout
+    # the same steps in one process: the same weights
+    common = TINY + [f'--data_dir={data}', '--dataset=tiny', f'--train_steps={two["step"]}',
+                     '--est_interval=5']
+    one = str(tmp_path / 'one')
+    p = run_here('train.py', *common, f'--out_dir={one}')
+    assert p.returncode == 0, p.stderr
+    a = load_ckpt(one)
+    assert two['step'] >= 5 and a['step'] == two['step']
+    same_weights(a['model'], two['model'], atol=1e-4)
+    # and the ranks did not draw the same batch: rank 0's batch alone gives other weights
+    same = str(tmp_path / 'same')
+    p = run_here('train.py', *common, '--gradient_accumulation_steps=1', f'--out_dir={same}')
+    assert p.returncode == 0, p.stderr
+    c = load_ckpt(same)
+    assert max((two['model'][k] - c['model'][k]).abs().max() for k in c['model']) > 1e-3
 
 
 def test_ctrl_c_under_torchrun_into_a_closed_pipe(tmp_path):
@@ -1256,16 +1253,18 @@ def test_ctrl_c_under_torchrun_into_a_closed_pipe(tmp_path):
     assert load_ckpt(out)['step'] % 3 == 0
 
 
-def test_ddp_timeout(tmp_path):
+def test_ddp_timeout(tmp_path, monkeypatch):
     """A rank that never shows up (or hangs) stops the others after ddp_timeout, not torch's 30
     minutes."""
     data = make_data(tmp_path)
     # rank 0 of 2 without its partner: the rendezvous waits for it as long as any collective would
-    env = dict(ENV, RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
-               MASTER_PORT=str(free_port()))
-    p = subprocess.run([PY, 'train.py', *TINY, f'--data_dir={data}', '--dataset=tiny',
-                        f'--out_dir={tmp_path}/out', '--ddp_timeout=2'], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=120)
+    # (in this process: the start-up fails, so no process group is left behind)
+    for k, v in dict(RANK='0', LOCAL_RANK='0', WORLD_SIZE='2', MASTER_ADDR='127.0.0.1',
+                     MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(k, v)
+    p = run_here('train.py', *TINY, f'--data_dir={data}', '--dataset=tiny',
+                 f'--out_dir={tmp_path}/out', '--ddp_timeout=2')
+    assert not torch.distributed.is_initialized()
     assert_one_line_error(p, 'DDP start-up failed on rank 0', 'Timed out after')
     # ddp_timeout=2 (+ rounding)
     assert int(re.search(r'Timed out after (\d+) seconds', p.stderr)[1]) < 10
