@@ -9,16 +9,17 @@ import errno
 import hashlib
 import os
 import shutil
+import sys
 
 import torch
 
-from configurator import ConfigError, check_type, load_config
+from configurator import ConfigError, check_type, collect_defaults, load_config
 from model import ModelConfig, build_model
 
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
 
 
-class CheckpointError(Exception):
+class CheckpointError(ConfigError):  # a one-line error too
     pass
 
 
@@ -135,14 +136,16 @@ def load(path, keys=('model', 'config')):
     # the config against the weights; a config claiming far more blocks than the file holds is
     # refused before building them (on meta: shapes only)
     for stack, n in (('blocks', c.n_layer), ('decoder_blocks', c.n_decoder_layer or 0)):
-        if n > (held := len({k.split('.')[1] for k in sd if k.startswith(stack + '.')})):
+        held = len({k.split('.')[1] for k in sd if k.startswith(stack + '.')})
+        if n > held:
             raise CheckpointError(f"{path}: its config asks for {n} {stack}, the file holds {held}")
     shapes = expected_shapes(c)
     for k in {**shapes, **sd}:  # the model's order, then what only the file holds
-        if (got := tuple(sd[k].shape) if k in sd else 'missing') != shapes.get(k, 'none'):
+        got, needed = tuple(sd[k].shape) if k in sd else 'missing', shapes.get(k, 'none')
+        if got != needed:
             raise CheckpointError(f"{path} was written by a model without a change made to "
                                   f"model.py since: {k} is {got} in the file, this model needs "
-                                  f"{shapes.get(k, 'none')}")
+                                  f"{needed}")
     if bad := nonfinite(sd.items()):
         raise CheckpointError(f"{path}: {len(bad)} of {len(sd)} weight tensors hold NaN or inf "
                               f"(e.g. {bad[0]}): the run had diverged when this was saved")
@@ -153,24 +156,35 @@ def model_config_of(config):  # a field the run's config lacks (it is older) tak
     return ModelConfig(**{k: config[k] for k in MODEL_KEYS if k in config})
 
 
-def resume_config(out_dir, defaults, argv):
-    """(config, ckpt, [(key, old, new)]): the config saved in out_dir/ckpt_last.pt, with what argv
-    sets on top (e.g. --train_steps=20000), except the model's shape."""
+def run_config(namespace, argv):
+    """(config, model_config, ckpt, [(key, old, new)]) of train.py: its keys (namespace's public
+    int, float, bool, str and None globals) and ModelConfig's, set by argv's config files and
+    --key=value; for a resume, the config saved in out_dir/ckpt_last.pt with what argv sets on top
+    (e.g. --train_steps=20000), except the model's shape, and that checkpoint (else None)."""
+    defaults = {**collect_defaults(namespace),
+                **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
+    sources = [namespace['__file__'], sys.modules['model'].__file__]  # of --help's comments
+    config = saved = load_config(defaults, argv, sources=sources)
+    ckpt, out_dir = None, config['out_dir']
     path = os.path.join(out_dir, 'ckpt_last.pt')
-    if not os.path.isfile(path):
-        raise ConfigError(f"--init_from=resume: no checkpoint at {path} (is out_dir right?)")
-    ckpt, _ = load(path, ('model', 'optimizer', 'scaler', 'config', 'step', 'best_val_loss',
-                          'best_step', 'last_est', 'elapsed', 'rng'))
-    saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")
-                              for k, v in ckpt['config'].items() if k in defaults})
-    config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
-    try:  # compare the models, not the spelling: n_decoder_layer=None and =n_layer are one model
-        same = model_config_of(saved) == model_config_of(config)
-    except (ValueError, TypeError):
-        same = False  # a value the model refuses: the check below names the key
-    for k in MODEL_KEYS:
-        if config[k] != saved[k] and not same:
-            raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
-                              f"this run asks for {config[k]!r}")
+    if config['init_from'] == 'resume':
+        if not os.path.isfile(path):
+            raise ConfigError(f"--init_from=resume: no checkpoint at {path} (is out_dir right?)")
+        ckpt, _ = load(path, ('model', 'optimizer', 'scaler', 'config', 'step', 'best_val_loss',
+                              'best_step', 'last_est', 'elapsed', 'rng'))
+        saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")
+                                  for k, v in ckpt['config'].items() if k in defaults})
+        config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
+        try:  # compare the models, not the spelling: n_decoder_layer=None and =n_layer are one
+            same = model_config_of(saved) == model_config_of(config)
+        except (ValueError, TypeError):
+            same = False  # a value the model refuses: the check below names the key
+        for k in MODEL_KEYS:
+            if config[k] != saved[k] and not same:
+                raise ConfigError(f"cannot change {k} when resuming: the checkpoint has "
+                                  f"{saved[k]!r}, this run asks for {config[k]!r}")
     changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']
-    return config, ckpt, changes
+    try:
+        return config, model_config_of(config), ckpt, changes
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"model config: {e}") from None

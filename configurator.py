@@ -72,7 +72,7 @@ def unknown_key_error(key, keys, where):  # always a nearest key, however far
     script = getattr(sys.modules["__main__"], "__file__", None) or ""
     if script.endswith(".py") and re.search(rf"^{re.escape(key)} *=", open(script).read(), re.M):
         return ConfigError(f"unknown config key '{key}': {os.path.basename(script)} sets it below "
-                           f"its keys, so it is not one (keys go above the line 'DEFAULTS = ')")
+                           f"its keys, so it is not one (keys go above the '# ---' line)")
     near = difflib.get_close_matches(key, list(keys), 1, 0.0)[0]
     return ConfigError(f"unknown config key '{key}' {where} (did you mean '{near}'?)")
 

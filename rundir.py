@@ -51,10 +51,6 @@ def _stop_on_signal(run, r):  # the signal thread; it holds the run weakly (a te
     run()._stop(signum)
 
 
-def duration(s):
-    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 90 * 60 else f"{s / 3600:.1f} h"
-
-
 class RunDir:
     def __init__(self, out_dir, ckpt=None, overwrite=False, master=True):
         """ckpt: the checkpoint a resume starts from (None: a scratch run). Only rank 0 writes. From
@@ -275,11 +271,11 @@ class RunDir:
                 + (f": continue with {resume_command(self.dir)}" if advice else ""))
 
 
-def resume_command(out_dir, flags=()):
+def resume_command(out_dir):
     """The whole command that continues the run in out_dir: its config is in the checkpoint."""
     launch, n = 'python', os.environ.get('LOCAL_WORLD_SIZE')
     if 'RANK' in os.environ:  # torchrun's options for one node, else the run's own
         one_node = n is not None and n == os.environ.get('WORLD_SIZE')
         launch = f'torchrun --standalone --nproc_per_node={n}' if one_node else 'torchrun ...'
-    args = ['train.py', '--init_from=resume', f'--out_dir={out_dir}', *flags]
+    args = ['train.py', '--init_from=resume', f'--out_dir={out_dir}']
     return f"{launch} {shlex.join(args)}"

@@ -11,7 +11,6 @@ writes: docs/training.md; what survives a kill, a full disk or bad input: docs/r
 from configurator import catch_signals
 catch_signals()  # first: from here on Ctrl-C or SIGTERM ends the run with one line
 
-import dataclasses
 import functools
 import json
 import math
@@ -25,10 +24,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from checkpoint import CheckpointError, load, model_config_of, resume_config
-from configurator import ConfigError, collect_defaults, die, first_line, load_config, resolve_device
-from model import ModelConfig, build_model
-from rundir import RunDir, duration
+from checkpoint import load, run_config
+from configurator import ConfigError, die, first_line, resolve_device
+from model import build_model
+from rundir import RunDir
 
 print = functools.partial(print, flush=True)  # every line shows at once, in a log file too
 
@@ -69,21 +68,14 @@ dtype = 'auto'         # 'auto' (bfloat16 on cuda if supported, else float16; fl
 compile = True         # torch.compile the model (the CPU presets turn it off: docs/performance.md)
 compile_mode = 'auto'  # 'auto': reduce-overhead (CUDA graphs) on CUDA, else default
 seed = 1337            # the init, the batches and dropout all follow from it
-DEFAULTS = {**collect_defaults(globals()),
-            **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
 # -----------------------------------------------------------------------------
-try:  # --help lists every key with its comment here or in model.py's ModelConfig
-    config = load_config(DEFAULTS, sys.argv[1:], sources=[__file__, sys.modules['model'].__file__])
-    ckpt, changes = None, []
-    if config['init_from'] == 'resume':  # the run's own config, and what this command changes in it
-        config, ckpt, changes = resume_config(config['out_dir'], DEFAULTS, sys.argv[1:])
+try:  # the keys above and ModelConfig's, from argv (--help lists them); a resume: the run's own
+    # config, what this command changes in it, and its checkpoint
+    config, model_config, ckpt, changes = run_config(globals(), sys.argv[1:])
     globals().update(config)  # config keeps device 'auto': a resume on other hardware works
     device, device_type, dtype, autocast = resolve_device(device, dtype)
-    model_config = model_config_of(config)
-except (ConfigError, CheckpointError) as e:
+except ConfigError as e:
     die(e)
-except (ValueError, TypeError) as e:
-    die(f"model config: {e}")
 ddp = 'RANK' in os.environ  # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
 rank, local_rank, world_size = (int(os.environ.get(k, default)) for k, default in
                                 (('RANK', 0), ('LOCAL_RANK', 0), ('WORLD_SIZE', 1)))
@@ -151,7 +143,8 @@ train_data, val_data = open_split('train', train_tokens), open_split('val')
 meta_path, meta = os.path.join(data_path, 'meta.json'), {}
 if os.path.isfile(meta_path):  # prepare.py's record: the model's vocabulary must be the data's
     try:
-        meta_vocab = (meta := json.load(open(meta_path))).get('vocab_size', vocab_size)
+        meta = json.load(open(meta_path))
+        meta_vocab = meta.get('vocab_size', vocab_size)
     except (ValueError, AttributeError):
         die(f"{meta_path} is not prepare.py's record (a JSON object): run prepare.py again")
     if meta_vocab != vocab_size:
@@ -186,12 +179,11 @@ est_batches = {'train': (train_data, est_starts(0, train_data)),
 # all of val.bin in consecutive windows: the same tokens for every seed and run
 whole_val = (val_data, np.arange((len(val_data) - 1) // context_size) * context_size)
 
-# rank 0 takes out_dir (one run at a time); a signal or a lost DDP rank now waits for a save
-run = RunDir(out_dir, ckpt, overwrite, master)
-
 # model init: the same weights on every rank (the same seed, or checkpoint)
 torch.manual_seed(seed)
 model = raw_model = build_model(model_config).to(device)  # raw: uncompiled
+# rank 0 takes out_dir (one run at a time); a signal or a lost DDP rank now waits for a save
+run = RunDir(out_dir, ckpt, overwrite, master)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # a no-op but with fp16
 optimizer = model.configure_optimizers(weight_decay, lr, (beta1, beta2), device_type)
 params = [p for p in model.parameters() if p.requires_grad]  # a frozen one gets no gradient
@@ -272,6 +264,9 @@ def checkpoint():  # what a resume needs, beside the step, best and clock RunDir
            'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
     return {'model': raw_model.state_dict(), 'optimizer': optimizer.state_dict(),
             'scaler': scaler.state_dict(), 'config': config, 'rng': rng, 'tokenizer': tokenizer}
+
+def duration(s):
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 90 * 60 else f"{s / 3600:.1f} h"
 
 def forecast(step):  # after 10 steps, once: a slow config shows early
     per_step = statistics.median(step_times[1:])
@@ -369,8 +364,8 @@ if master and step >= train_steps and not run.whole:
     last = best = mean_ce(raw_model, *whole_val)
     if two:  # the training is over: raw_model takes the best weights
         try:
-            raw_model.load_state_dict(load(run.path('ckpt_best.pt'))[0]['model'])
-        except CheckpointError as e:
+            raw_model.load_state_dict(load(os.path.join(out_dir, 'ckpt_best.pt'))[0]['model'])
+        except ConfigError as e:  # (a CheckpointError)
             die(e)
         best = mean_ce(raw_model, *whole_val)
     run.whole = {'whole_val_last': last, 'whole_val_best': best, 'whole_val_tokens': n_tokens}

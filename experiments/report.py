@@ -107,10 +107,10 @@ def parse_args(argv):
 
 def train_defaults():
     """train.py's keys and defaults, read from its source (importing train.py would train): its
-    `key = literal` lines before DEFAULTS, then model.py's ModelConfig fields."""
+    `key = literal` lines between its two `# ---` lines, then model.py's ModelConfig fields."""
     defaults = {}
     with open(os.path.join(ROOT, "train.py")) as f, open(os.path.join(ROOT, "model.py")) as g:
-        src = f.read().split("\nDEFAULTS = ")[0] + g.read().split("class ModelConfig:")[1]
+        src = f.read().split("\n# " + "-" * 77 + "\n")[1] + g.read().split("class ModelConfig:")[1]
     for m in re.finditer(r"^ *(\w+)(?:: [^=]+)? = (.+?)(?:  #.*)?$", src.split("\n\n    def")[0],
                          re.M):
         try:

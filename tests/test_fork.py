@@ -274,4 +274,4 @@ def test_the_usual_forks(tmp_path, data, base):
     (code / 'train.py').write_text(train + '\nlog_extra = False  # fork: next to its use\n')
     assert refused(*TINY, '--log_extra=True') == (
         "error: unknown config key 'log_extra': train.py sets it below its keys, so it is not one "
-        "(keys go above the line 'DEFAULTS = ')")
+        "(keys go above the '# ---' line)")

@@ -90,12 +90,12 @@ def test_a_key_set_below_the_keys_section_says_where_keys_go(tmp_path, monkeypat
     """A script's global set below its keys (e.g. next to its use) is no key: the error says so
     and where keys go, not just 'unknown' with a far match."""
     script = tmp_path / 'train.py'
-    script.write_text("lr = 1.0  # a key\nDEFAULTS = {'lr': lr}\nwarmup = 5  # next to its use\n")
+    script.write_text("lr = 1.0  # a key\n# ---\nwarmup = 5  # next to its use\n")
     monkeypatch.setattr(sys.modules['__main__'], '__file__', str(script))
     with pytest.raises(ConfigError) as e:
         load_config({'lr': 1.0}, ['--warmup=3'])
     assert str(e.value) == ("unknown config key 'warmup': train.py sets it below its keys, so it "
-                            "is not one (keys go above the line 'DEFAULTS = ')")
+                            "is not one (keys go above the '# ---' line)")
     with pytest.raises(ConfigError, match="unknown config key 'lrr' .*did you mean 'lr'"):
         load_config({'lr': 1.0}, ['--lrr=3'])
 
