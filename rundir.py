@@ -123,8 +123,7 @@ class RunDir:
                     open(self.path('summary.json')) as f:
                 old = json.load(f)
                 if old['step'] == self.step and old['status'] == 'finished':
-                    self.whole = {k: old[k] for k in ('whole_val_last', 'whole_val_best',
-                                                      'whole_val_tokens')}
+                    self.whole = {k: v for k, v in old.items() if k.startswith('whole_val')}
                     return
         self.summary(self.step)
 
@@ -161,6 +160,12 @@ class RunDir:
         self.log({'type': 'est', 'step': step, **est, 'best_val': self.best_val_loss,
                   **self.clock(step)})
         return improved
+
+    def finish(self, step, last, best, n_tokens):
+        """The last and the best model's ce on all of val.bin (n_tokens), at the end."""
+        self.whole = {'whole_val_last': last, 'whole_val_best': best, 'whole_val_tokens': n_tokens}
+        self.log({'type': 'whole_val', 'step': step, 'best_step': self.best_step, **self.whole})
+        self.summary(step)
 
     def save(self, step, ckpt, best=False):
         """ckpt, with the run's step, best and clock, to ckpt_last.pt, and ckpt_best.pt a hard link

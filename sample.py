@@ -59,14 +59,14 @@ except ConfigError as e:
     die(e)
 import torch  # after the checks above: a mistake is told without the seconds of this import
 
-from checkpoint import CheckpointError, load as load_checkpoint
+from checkpoint import load as load_checkpoint
 from model import build_model
 from tokenizer import EOT, get_tokenizer  # here: EOT is no config key
 
 torch.manual_seed(seed)
 try:
     ckpt, model_config = load_checkpoint(ckpt_path)  # checksum, config vs weights, finite weights
-except CheckpointError as e:
+except ConfigError as e:  # (a CheckpointError)
     die(e)
 model = build_model(model_config)
 model.load_state_dict(ckpt['model'])

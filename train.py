@@ -368,9 +368,7 @@ if master and step >= train_steps and not run.whole:
         except ConfigError as e:  # (a CheckpointError)
             die(e)
         best = mean_ce(raw_model, *whole_val)
-    run.whole = {'whole_val_last': last, 'whole_val_best': best, 'whole_val_tokens': n_tokens}
-    run.log({'type': 'whole_val', 'step': step, 'best_step': run.best_step, **run.whole})
-    run.summary(step)  # summary.json holds the scores too
+    run.finish(step, last, best, n_tokens)  # logged, and in summary.json
     print(f"all of val.bin ({n_tokens:,} tokens): ce {last:.4f} at the end, {best:.4f} at the best "
           f"estimate (step {run.best_step})")
 if master:
