@@ -104,8 +104,18 @@ def steps_logged(out_dir):
 TINY_RUN_STEPS = 40
 
 
-@pytest.fixture(scope='session')
+TINY_RUNS = {}  # made by the first test that asks for them, read by every later one
+
+
+@pytest.fixture
 def tiny_runs(tmp_path_factory):
+    """make_tiny_runs' runs, made once for all the tests."""
+    if not TINY_RUNS:
+        TINY_RUNS.update(make_tiny_runs(tmp_path_factory))
+    return TINY_RUNS
+
+
+def make_tiny_runs(tmp_path_factory):
     """The tiny AED trained 40 steps on the tiny data, once for every test that reads, samples or
     resumes it: 'full' uninterrupted (its output in 'full_stdout'); 'resumed', the same run killed
     with kill -9 after step 17 (its last checkpoint's step in 'killed_step'), then resumed to the
