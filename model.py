@@ -58,7 +58,10 @@ class ModelConfig:
     embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias
 
     def __post_init__(self):
-        for f in fields(self):  # in order: arch before AED options, loss type before its options
+        """Checks every field, one rule at a time (type, choices, counts, AED-only, loss options),
+        and replaces a None by what it stands for (see the fields). In declared order: arch is
+        checked before the AED options, embedding_loss_type before its options."""
+        for f in fields(self):
             name, v = f.name, getattr(self, f.name)
             types = typing.get_args(f.type) or (f.type,)  # Opt[int]: (int, NoneType)
             if type(v) is int and float in types:  # 8 for a float: 8.0
@@ -96,7 +99,7 @@ def layer_norm(c):
 
 class Attention(nn.Module):
     """Causal self-attention, or (cross=True) the AED decoder's cross-attention to the encoder
-    output, causal too (encoder position t+1 has read token t+1, the target)."""
+    output, causal too: the encoder's output at t+1 has read token t+1, position t's target."""
 
     def __init__(self, c, cross=False):
         super().__init__()
@@ -120,7 +123,9 @@ class Attention(nn.Module):
             k, v = self.kv_proj(enc).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is None:
-            p = self.resid_dropout.p if self.training else 0.0  # the author's also did in eval
+            # attention dropout at the residual's rate, in training only (the author's code also
+            # dropped in eval: docs/model.md, "Where we differ from the author's code")
+            p = self.resid_dropout.p if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:  # k, v: (B, nh, context_size, hs) every cached key; mask: what each query sees
             k, v, mask = cache.update(self.layer_idx, pos, k, v)
@@ -181,7 +186,9 @@ class KVCache:
         return self.k[i], self.v[i], pos.view(-1, 1) >= slots
 
 
-# x.cumsum(dim=1), compiled as eager's ATen kernel (Inductor's own failed on CUDA: docs/gpu.md)
+# x.cumsum(dim=1), compiled as eager's ATen kernel (Inductor's own failed on CUDA: docs/gpu.md). A
+# custom op needs its fake (shapes only) and its backward: the gradient of a cumulative sum over
+# time is the reversed cumulative sum of the reversed gradient
 @torch.library.custom_op("aed::cumsum_time", mutates_args=())
 def cumsum_time(x: torch.Tensor) -> torch.Tensor:
     return x.cumsum(dim=1)
@@ -198,7 +205,8 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = c = config
         C = c.n_embed
-        # tied to the head; rows up to a multiple of vocab_pad_multiple, the extra ones unused
+        # tied to the head; rows: vocab_size rounded up (-(-a // b): ceil) to a multiple of
+        # vocab_pad_multiple, the extra ones unused
         self.wte = nn.Embedding(-(-c.vocab_size // c.vocab_pad_multiple) * c.vocab_pad_multiple, C)
         # wpe[1..T] (added to the decoder input, or subtracted at the head) needs one row more
         self.wpe = nn.Embedding(c.context_size + int(c.add_pos_embed_to_decoder or
@@ -219,10 +227,12 @@ class Transformer(nn.Module):
         self.ln_b = ln() if c.use_ln_on_encoder_out else None
         self.ln_f = layer_norm(c)
         self.attention_layers = [m for m in self.modules() if isinstance(m, Attention)]
-        for i, m in enumerate(self.attention_layers):  # each one's slot in a KVCache
+        for i, m in enumerate(self.attention_layers):  # each one's slot in a KVCache, in order
             m.layer_idx = i
         self.apply(self._init_weights)  # Linear, Embedding ~ N(0, 0.02); LayerNorms keep 1 and 0
-        for name, p in self.named_parameters():  # residual projections: by their stream's depth
+        # GPT-2's scaled init of the residual projections (c_proj): 0.02 / sqrt(2 * the blocks in
+        # their stack), n_layer for the encoder (the author's), n_decoder_layer for the decoder
+        for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * depth))
@@ -255,7 +265,7 @@ class Transformer(nn.Module):
                 raise ValueError(f"sequence length {idx.size(1)} is longer than context_size "
                                  f"{c.context_size}")
             pos = torch.arange(idx.size(1), device=idx.device)
-        x = E = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = E = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C); E for the embedding loss
         for block in self.blocks:
             x = block(x, cache=cache, pos=pos)
         if self.decoder_blocks is not None:  # the AED: enc, the encoder output, has no LayerNorm
@@ -307,7 +317,9 @@ class Transformer(nn.Module):
         # the cumulative mean of E: avg[t] = mean of E[0..t]
         avg = cumsum_time(E) / torch.arange(1, E.size(1) + 1, device=E.device,
                                             dtype=E.dtype).view(-1, 1)
-        return self.ln_a(avg) if c.embedding_ln_type == "AVG_CUM_SUM" else avg, enc
+        if c.embedding_ln_type == "AVG_CUM_SUM":  # after averaging
+            avg = self.ln_a(avg)
+        return avg, enc
 
     def embedding_distance(self, avg, target):
         """MSE, or the mean over positions of 1 - (cos + 1) / 2 (COSINE) or -log((cos + 1) / 2)."""
@@ -346,8 +358,8 @@ class Transformer(nn.Module):
         window = idx[:, -self.config.context_size:]
         if cache is None:
             return self.last_logits(window, None, None)
-        if idx.size(1) > self.config.context_size:
-            cache.pos = 0
+        if idx.size(1) > self.config.context_size:  # the window slid: every position moved
+            cache.pos = 0  # refill from slot 0
         # a copy: a view into the growing idx would bring a new stride (a recompile)
         new = window[:, cache.pos:].clone(memory_format=torch.contiguous_format)
         pos = torch.arange(cache.pos, cache.pos + new.size(1), device=idx.device)
@@ -355,7 +367,7 @@ class Transformer(nn.Module):
         # the first call fills (allocates) the cache; then single tokens may take the compiled step
         if new.size(1) == 1 and cache.pos > 0 and self.compiled_decode_step is not None:
             step = self.compiled_decode_step
-        cache.pos += new.size(1)
+        cache.pos += new.size(1)  # the slots filled once this step is done
         return step(new, cache, pos)
 
     @torch.no_grad()

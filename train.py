@@ -9,7 +9,7 @@ Any key below can be set by a config file (plain Python) and/or --key=value. Wha
 writes: docs/training.md; what survives a kill, a full disk or bad input: docs/robustness.md.
 """
 from configurator import catch_signals
-catch_signals()  # first: from here on Ctrl-C or SIGTERM ends the run with one line
+catch_signals()  # first (importing torch takes seconds): Ctrl-C or SIGTERM ends in one line
 
 import functools
 import json
@@ -72,7 +72,9 @@ seed = 1337            # the init, the batches and dropout all follow from it
 try:  # the keys above and ModelConfig's, from argv (--help lists them); a resume: the run's own
     # config, what this command changes in it, and its checkpoint
     config, model_config, ckpt, changes = run_config(globals(), sys.argv[1:])
-    globals().update(config)  # config keeps device 'auto': a resume on other hardware works
+    # every key a global, as nanoGPT's configurator does: ModelConfig's too (arch, vocab_size,
+    # context_size, ...). config keeps device 'auto': a resume on other hardware works
+    globals().update(config)
     device, device_type, dtype, autocast = resolve_device(device, dtype)
 except ConfigError as e:
     die(e)
@@ -98,8 +100,9 @@ for keys, rule, ok in [  # what the type check cannot catch (a negative min_lr i
         if not ok(config[k]):
             die(f"{k} must {rule}, got {config[k]!r}")
 rank_rows = gradient_accumulation_steps // world_size * batch_size  # a step's sequences per rank
-micro_steps = next(n for n in range(1, rank_rows + 1)  # forwards a step, per rank
-                   if rank_rows % n == 0 and rank_rows // n <= (micro_batch or batch_size))
+micro_steps = 1  # forwards a step, per rank: the fewest of equal size, micro_batch rows at most
+while rank_rows % micro_steps or rank_rows // micro_steps > (micro_batch or batch_size):
+    micro_steps += 1
 forward_rows = rank_rows // micro_steps  # sequences a forward
 if compile_mode == 'auto':  # CUDA graphs: ~3x faster steps for the author's (docs/gpu.md)
     compile_mode = 'reduce-overhead' if device_type == 'cuda' else 'default'
@@ -191,7 +194,8 @@ if graphs:  # kept .grad buffers, zeroed in place: a CUDA graph's memory is neve
     for p in params:
         p.grad = torch.zeros_like(p)
 start_step = run.step
-# RNG for dropout: rank 0 restores the saved state, so a single-process resume is exact
+# RNG for dropout: a seed per rank and start step (ranks drop different units, a resume draws
+# new ones); rank 0 then restores the saved state, so a single-process resume is exact
 torch.manual_seed(int(np.random.SeedSequence([seed, 2, rank, start_step]).generate_state(1)[0]))
 if ckpt is not None:
     model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
@@ -314,8 +318,11 @@ while True:
             scaler.scale(loss / micro_steps).backward()
         for k, v in {'loss': loss.detach(), **parts}.items():
             sums[k] = sums.get(k, 0.0) + v.float()
-    stats = torch.stack(list(sums.values()))  # one all-reduce, one wait for the device
-    if ddp:  # the mean of the ranks' gradients, in one all-reduce outside the compiled model
+    # one tensor: one all-reduce, one wait for the device; zip below matches it back to the keys
+    stats = torch.stack(list(sums.values()))
+    # DDP without its wrapper: the mean of the ranks' gradients in one all-reduce, outside the
+    # compiled model, so a CUDA graph can hold the whole step (docs/training.md)
+    if ddp:
         grads = [p.grad for p in params if p.grad is not None]
         flat = torch.cat([g.flatten() for g in grads]).div_(world_size)
         dist.all_reduce(flat)
@@ -335,7 +342,7 @@ while True:
         torch.cuda.synchronize()  # honest step times
     dt = time.time() - t0
     step += 1
-    run.step = step  # what a signal or a lost rank names
+    run.step = step  # the step a signal or a lost rank stops at (RunDir's stop names it)
     if not master:  # rank 0 alone logs
         continue
     step_times.append(dt)
@@ -357,7 +364,7 @@ while True:
 
 # the last and the best model on all of val.bin (eager); a finished run that resumes has its scores
 if master and step >= train_steps and not run.whole:
-    two = run.best_step is not None and run.best_step != step
+    two = run.best_step not in (None, step)  # a best model other than the last
     n_tokens = len(whole_val[1]) * context_size
     print(f"scoring {'the last and the best model' if two else 'the model'} on all of val.bin "
           f"({n_tokens:,} tokens)")
