@@ -127,11 +127,8 @@ class Attention(nn.Module):
             # dropped in eval: docs/model.md, "Where we differ from the author's code")
             p = self.resid_dropout.p if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        else:  # k, v: (B, nh, context_size, hs) every cached key; mask: what each query sees
-            k, v, mask = cache.update(self.layer_idx, pos, k, v)
-            # not SDPA: for a few queries on CPU its kernel costs ~100 us; torch.compile fuses these
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, T, context)
-            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v  # (B, nh, T, hs)
+        else:  # generation: against every key and value cached so far (layer_idx: its slot)
+            y = cache.attend(self.layer_idx, pos, q, k, v)
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
@@ -166,24 +163,6 @@ class Block(nn.Module):
         if enc is not None and not self.cross_first:
             x = x + self.cross_attn(self.ln_q(x), self.ln_kv(enc), cache, pos)
         return x + self.mlp(self.ln_2(x))
-
-
-class KVCache:
-    """Each attention layer's keys and values in buffers of context_size slots, pos filled."""
-
-    def __init__(self, n_layers, context_size):
-        self.k, self.v = [None] * n_layers, [None] * n_layers
-        self.context_size, self.pos = context_size, 0
-
-    def update(self, i, pos, k, v):
-        # layer i's k, v: (B, nh, T, hs) at pos (T,) -> its buffers (B, nh, context_size, hs) and
-        # the mask (T, context_size)
-        for buffers, new in ((self.k, k), (self.v, v)):
-            if buffers[i] is None:  # zeros: a masked slot weighs 0, but 0 * NaN is NaN
-                buffers[i] = new.new_zeros(*new.shape[:2], self.context_size, new.size(3))
-            buffers[i].index_copy_(2, pos, new)
-        slots = torch.arange(self.context_size, device=pos.device)
-        return self.k[i], self.v[i], pos.view(-1, 1) >= slots
 
 
 # x.cumsum(dim=1), compiled as eager's ATen kernel (Inductor's own failed on CUDA: docs/gpu.md). A
@@ -390,6 +369,28 @@ class Transformer(nn.Module):
             on_token(idx_next)  # (B, 1), e.g. to print it as it comes
             idx = torch.cat((idx, idx_next), dim=1)
         return idx
+
+
+class KVCache:
+    """Each attention layer's keys and values in buffers of context_size slots, pos filled."""
+
+    def __init__(self, n_layers, context_size):
+        self.k, self.v = [None] * n_layers, [None] * n_layers
+        self.context_size, self.pos = context_size, 0
+
+    def attend(self, i, pos, q, k, v):
+        """Layer i's attention (B, nh, T, hs) of queries q at pos (T,), once its keys and values k,
+        v (B, nh, T, hs) are in its buffers (B, nh, context_size, hs): each query sees the slots up
+        to its own."""
+        for buffers, new in ((self.k, k), (self.v, v)):
+            if buffers[i] is None:  # zeros: a masked slot weighs 0, but 0 * NaN is NaN
+                buffers[i] = new.new_zeros(*new.shape[:2], self.context_size, new.size(3))
+            buffers[i].index_copy_(2, pos, new)
+        slots = torch.arange(self.context_size, device=pos.device)
+        mask = pos.view(-1, 1) >= slots  # (T, context_size)
+        # not SDPA: for a few queries on CPU its kernel costs ~100 us; torch.compile fuses these
+        att = (q @ self.k[i].transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, T, slots)
+        return att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ self.v[i]
 
 
 def build_model(config):
