@@ -105,7 +105,8 @@ def link(src, dst):
 
 
 def expected_shapes(model_config):
-    with torch.device('meta'):  # shapes only: no memory, however large the config
+    # shapes only: no memory, however large the config (so a fork's __init__ must run on meta)
+    with torch.device('meta'):
         return {k: tuple(v.shape) for k, v in build_model(model_config).state_dict().items()}
 
 

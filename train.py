@@ -73,7 +73,8 @@ try:  # the keys above and ModelConfig's, from argv (--help lists them); a resum
     # config, what this command changes in it, and its checkpoint
     config, model_config, ckpt, changes = run_config(globals(), sys.argv[1:])
     # every key a global, as nanoGPT's configurator does: ModelConfig's too (arch, vocab_size,
-    # context_size, ...). config keeps device 'auto': a resume on other hardware works
+    # context_size, ...), as given: a None stays None here, model_config holds what it stands for.
+    # config keeps device 'auto': a resume on other hardware works
     globals().update(config)
     device, device_type, dtype, autocast = resolve_device(device, dtype)
 except ConfigError as e:
@@ -304,7 +305,9 @@ while True:
     t0 = time.time()
     sums = {}  # the loss and its parts (ce, emb, a fork's own), each summed over micro-steps
     data_s = 0.0  # time spent fetching batches: logged, so a slow data path shows
-    for micro, ix in enumerate(train_offsets(step)):
+    # micro_steps forwards of forward_rows sequences each (micro_batch at most: not necessarily
+    # gradient_accumulation_steps of batch_size), each loss a mean over its rows
+    for ix in train_offsets(step):  # (micro_steps, forward_rows) offsets
         t_data = time.time()
         X, Y = get_batch(train_data, ix)
         data_s += time.time() - t_data
