@@ -47,7 +47,7 @@ import torch
 from checkpoint import atomic_write, model_config_of
 from configurator import (ConfigError, collect_defaults, die, first_line, load_config,
                           resolve_device, unknown_key_error)
-from model import ModelConfig, build_model
+from model import ModelConfig, Transformer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
 from report import train_defaults  # noqa: E402 (train.py's keys, read from its source)
@@ -146,7 +146,7 @@ def matmul_peak():
 def train_step_fn(model_kwargs, batch_size, compiled=False):
     """A closure running one optimizer step as train.py does (forward, backward, AdamW step)."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(**model_kwargs)).to(device)
+    model = Transformer(ModelConfig(**model_kwargs)).to(device)
     optimizer = model.configure_optimizers(0.1, 9e-4, (0.9, 0.95), device_type)
     raw = model
     if compiled:
@@ -261,7 +261,7 @@ def read_train_config(path):
 
 def config_step_fn(c):
     """(step, info, warm-up steps): step is a closure running one optimizer step of train.py's
-    config c as train.py runs it (model.build_model, configure_optimizers, its micro-batch split,
+    config c as train.py runs it (model.Transformer, configure_optimizers, its micro-batch split,
     dtype, compile and dropout, .backward() or under CUDA graphs autograd.grad into kept .grad
     tensors, the loss sums read back), on random token ids already on the device: data loading is
     left out (the data section: ~0.02% of a step). The threads are torch's, as in train.py
@@ -275,7 +275,7 @@ def config_step_fn(c):
         mode = "reduce-overhead" if dev_type == "cuda" else "default"
     graphs = c["compile"] and mode in ("reduce-overhead", "max-autotune")
     torch.manual_seed(c["seed"])
-    raw = build_model(model_config_of(c)).to(dev)
+    raw = Transformer(model_config_of(c)).to(dev)
     optimizer = raw.configure_optimizers(c["weight_decay"], c["lr"], (c["beta1"], c["beta2"]),
                                          dev_type)
     scaler = torch.amp.GradScaler(dev_type, enabled=dtype == "float16")
@@ -402,7 +402,7 @@ class Step:
         if dry:
             kw = dict(kw, n_layer=2 if name == "gpt" else 1, vocab_size=512, context_size=16)
         torch.manual_seed(0)
-        self.raw = build_model(ModelConfig(**kw)).to(device)
+        self.raw = Transformer(ModelConfig(**kw)).to(device)
         self.params = list(self.raw.parameters())
         self.optimizer = self.raw.configure_optimizers(0.1, 9e-4, (0.9, 0.95), device_type)
         self.model = torch.compile(self.raw, **({"backend": "eager"} if dry else {"mode": mode}))
@@ -635,7 +635,7 @@ def bench_params():
             continue
         c = load_config(defaults, [path])
         with torch.device("meta"):
-            m = build_model(model_config_of(c))
+            m = Transformer(model_config_of(c))
         blocks = (f"{m.config.n_layer}+{m.config.n_decoder_layer}" if c["arch"] == "aed"
                   else f"{m.config.n_layer}")
         row = {"config": os.path.basename(path), "arch": c["arch"], "blocks": blocks,
@@ -684,7 +684,7 @@ def bench_generate():
     for name, kw in configs:
         kw = dict(kw, context_size=64 if quick else 200)  # quick: the plumbing, in seconds
         torch.manual_seed(0)
-        model = build_model(ModelConfig(**kw)).to(device).eval()
+        model = Transformer(ModelConfig(**kw)).to(device).eval()
         n_weights = sum(p.numel() for p in model.parameters())
         for batch in (1, 8):
             idx = torch.zeros(batch, 1, dtype=torch.long, device=device)

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from configurator import ConfigError, check_type, collect_defaults, load_config
-from model import ModelConfig, build_model
+from model import ModelConfig, Transformer
 
 MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
 
@@ -107,7 +107,7 @@ def link(src, dst):
 def expected_shapes(model_config):
     # shapes only: no memory, however large the config (so a fork's __init__ must run on meta)
     with torch.device('meta'):
-        return {k: tuple(v.shape) for k, v in build_model(model_config).state_dict().items()}
+        return {k: tuple(v.shape) for k, v in Transformer(model_config).state_dict().items()}
 
 
 def load(path, keys=('model', 'config')):

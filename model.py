@@ -58,9 +58,9 @@ class ModelConfig:
     embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias
 
     def __post_init__(self):
-        """Checks every field, one rule at a time (type, choices, counts, AED-only, loss options),
-        and replaces a None by what it stands for (see the fields). In declared order: arch is
-        checked before the AED options, embedding_loss_type before its options."""
+        """Checks every field, one rule at a time, in declared order (arch before the AED options,
+        embedding_loss_type before its options); then replaces each None in use by the value it
+        stands for, and checks that the heads divide n_embed."""
         for f in fields(self):
             name, v = f.name, getattr(self, f.name)
             types = typing.get_args(f.type) or (f.type,)  # Opt[int]: (int, NoneType)
@@ -81,12 +81,16 @@ class ModelConfig:
                 off = "embedding_loss_type is NONE"
             if off and v != f.default:
                 raise ValueError(f"{name} must stay {f.default!r} while {off}")
-            if v is None and not off:  # None means the default
-                derived = dict(n_decoder_layer=self.n_layer, cross_attn_n_head=2 * self.n_head,
-                               cross_attn_use_bias=self.use_bias)
-                setattr(self, name, {**EMBEDDING_LOSS_DEFAULTS, **derived}.get(name))
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        if self.arch == "aed":  # each None in use: the value it stands for
+            derived = dict(n_decoder_layer=self.n_layer, cross_attn_n_head=2 * self.n_head,
+                           cross_attn_use_bias=self.use_bias)
+            if self.embedding_loss_type != "NONE":
+                derived.update(EMBEDDING_LOSS_DEFAULTS)
+            for name, value in derived.items():
+                if getattr(self, name) is None:
+                    setattr(self, name, value)
         for name in ("n_head", "cross_attn_n_head"):
             heads = getattr(self, name)
             if heads and self.n_embed % heads:
@@ -178,7 +182,8 @@ cumsum_time.register_autograd(lambda ctx, grad: cumsum_time(grad.flip(1)).flip(1
 
 
 class Transformer(nn.Module):
-    """The GPT baseline (arch='gpt') or the AED model (arch='aed'); see the module docstring."""
+    """The GPT baseline (arch='gpt') or the AED model (arch='aed'); see the module docstring.
+    __init__ also runs on the meta device (checkpoint.py builds it there for the shapes alone)."""
 
     def __init__(self, config):
         super().__init__()
@@ -198,7 +203,9 @@ class Transformer(nn.Module):
             self.bridge = nn.Linear(C, C, bias=c.use_bias)  # "the linear pass" to the decoder
             self.decoder_blocks = nn.ModuleList(Block(c, cross_attn=True)
                                                 for _ in range(c.n_decoder_layer))
-        # here, before the loss LayerNorms: a saved optimizer state follows the parameters' order
+        # here, before the loss LayerNorms, as in checkpoints already written: AdamW's saved state
+        # is matched to the parameters by position. (A parameter a fork adds may go anywhere: a
+        # checkpoint without it is refused by name first.)
         self.ln_post = layer_norm(c) if c.sub_pos_embed_to_decoder == "YES_LN" else None
         # the loss LayerNorms have a bias (or no affine part at all); no loss, none of them
         ln = lambda: nn.LayerNorm(C, elementwise_affine=c.embedding_ln_affine)  # noqa: E731
@@ -387,12 +394,7 @@ class KVCache:
             if buffers[i] is None:  # zeros: a masked slot weighs 0, but 0 * NaN is NaN
                 buffers[i] = new.new_zeros(*new.shape[:2], self.context_size, new.size(3))
             buffers[i].index_copy_(2, pos, new)
-        slots = torch.arange(self.context_size, device=pos.device)
-        mask = pos.view(-1, 1) >= slots  # (T, context_size)
+        mask = pos.view(-1, 1) >= torch.arange(self.context_size, device=pos.device)  # (T, slots)
         # not SDPA: for a few queries on CPU its kernel costs ~100 us; torch.compile fuses these
         att = (q @ self.k[i].transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, T, slots)
         return att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ self.v[i]
-
-
-def build_model(config):
-    return Transformer(config)

@@ -60,7 +60,7 @@ except ConfigError as e:
 import torch  # after the checks above: a mistake is told without the seconds of this import
 
 from checkpoint import load as load_checkpoint
-from model import build_model
+from model import Transformer
 from tokenizer import EOT, get_tokenizer  # here: EOT is no config key
 
 torch.manual_seed(seed)
@@ -68,7 +68,7 @@ try:
     ckpt, model_config = load_checkpoint(ckpt_path)  # checksum, config vs weights, finite weights
 except ConfigError as e:  # (a CheckpointError)
     die(e)
-model = build_model(model_config)
+model = Transformer(model_config)
 model.load_state_dict(ckpt['model'])
 model.eval().to(device)
 if compile:

@@ -24,7 +24,7 @@ from checkpoint import model_config_of
 from configurator import load_config
 from conftest import train_defaults
 import model
-from model import ModelConfig, build_model
+from model import ModelConfig, Transformer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -195,11 +195,11 @@ def tiny(arch="aed", **kw):
 
 
 def make(cfg, seed=0, scramble=True):
-    """build_model with a fixed seed. scramble moves every parameter off its init (LayerNorm weights
+    """Transformer with a fixed seed. scramble moves every parameter off its init (LayerNorm weights
     off 1, biases off 0) so that a parameter used in the wrong place, or not at all, shows in the
     outputs."""
     torch.manual_seed(seed)
-    m = build_model(cfg)
+    m = Transformer(cfg)
     if scramble:
         with torch.no_grad():
             for p in m.parameters():
@@ -236,7 +236,7 @@ def full_model(cfg):
     key = repr(cfg)
     if key not in _full_models:
         with torch.device("meta"):
-            _full_models[key] = build_model(cfg)
+            _full_models[key] = Transformer(cfg)
     return _full_models[key]
 
 
@@ -475,7 +475,7 @@ def test_embedding_loss_uses_E_after_dropout(ln_type):
 def test_embedding_loss_layernorms_exist_only_when_used():
     """ln_a exists iff the loss is on and embedding_ln_type != NONE, ln_b iff the loss is on and
     use_ln_on_encoder_out; no loss, no loss LayerNorms (docs/model.md, Embedding loss)."""
-    names = lambda cfg: {n.split(".")[0] for n, _ in build_model(cfg).named_parameters()}
+    names = lambda cfg: {n.split(".")[0] for n, _ in Transformer(cfg).named_parameters()}
     assert not {"ln_a", "ln_b"} & names(tiny())
     assert {"ln_a", "ln_b"} <= names(tiny(embedding_loss_type="MSE"))
     assert "ln_a" not in names(tiny(embedding_loss_type="MSE", embedding_ln_type="NONE"))
@@ -507,7 +507,7 @@ def test_embedding_loss_diagnostics_tell_a_collapse():
     training loss and its no-affine twin. Collapsed by hand (both weights 0, biases equal) the loss
     is 0, while the no-affine loss, which only the embeddings can lower, has not moved."""
     cfg = tiny(context_size=8, embedding_loss_type="MSE", sub_pos_embed_to_decoder="YES_NO_LN")
-    m = build_model(cfg)
+    m = Transformer(cfg)
     idx = torch.randint(0, 64, (3, 8))
     d = embedding_loss_diagnostics(m, idx)
     m.train()
@@ -526,7 +526,7 @@ def embedding_loss_after_training(affine, steps=60):
     torch.manual_seed(0)
     cfg = tiny(n_layer=1, n_head=2, embedding_loss_type="MSE", embedding_loss_coeff=8.0,
                sub_pos_embed_to_decoder="YES_NO_LN", embedding_ln_affine=affine)
-    m = build_model(cfg)
+    m = Transformer(cfg)
     opt = m.configure_optimizers(0.1, 2e-2, (0.9, 0.95), "cpu")
     x = torch.randint(0, 64, (8, 17), generator=torch.Generator().manual_seed(1))
     X, Y = x[:, :-1].contiguous(), x[:, 1:].contiguous()
@@ -548,7 +548,7 @@ def test_embedding_loss_collapses_through_the_layernorms_unless_they_are_fixed()
     assert fixed["loss"] == fixed["loss_no_affine"] > 0.3 and fixed["ln_a_weight_rms"] is None
     cfg = tiny(embedding_loss_type="MSE")
     fixed_cfg = tiny(embedding_loss_type="MSE", embedding_ln_affine=False)
-    assert (build_model(cfg).get_num_params() - build_model(fixed_cfg).get_num_params()
+    assert (Transformer(cfg).get_num_params() - Transformer(fixed_cfg).get_num_params()
             == 4 * cfg.n_embed)
     assert cfg.embedding_ln_affine is True  # the author's loss is the default
 
@@ -620,7 +620,7 @@ def test_embedding_loss_gradient_flow_per_detach_type():
 def test_wpe_rows():
     """wpe has context_size + 1 rows exactly when the AED adds, or either arch subtracts, wpe[1..T],
     else context_size."""
-    rows = lambda **kw: build_model(tiny(context_size=8, **kw)).wpe.weight.shape[0]
+    rows = lambda **kw: Transformer(tiny(context_size=8, **kw)).wpe.weight.shape[0]
     assert rows(arch="gpt") == 8
     assert rows(arch="gpt", sub_pos_embed_to_decoder="YES_NO_LN") == 9
     assert rows(arch="gpt", sub_pos_embed_to_decoder="YES_LN") == 9
@@ -658,7 +658,7 @@ def test_gpt_pos_sub_subtracts_wpe(T, sub):
     logits = (ln_f(x) - wpe[1..T]) @ wte.T."""
     cfg = tiny(arch="gpt", context_size=8, sub_pos_embed_to_decoder=sub)
     m = make(cfg).eval()
-    plain = build_model(tiny(arch="gpt", context_size=8)).eval()
+    plain = Transformer(tiny(arch="gpt", context_size=8)).eval()
     weights = {k: v for k, v in m.state_dict().items() if not k.startswith("ln_post.")}
     # the extra row is pos sub's alone
     plain.load_state_dict({**weights, "wpe.weight": weights["wpe.weight"][:8]})
@@ -966,7 +966,7 @@ def padded_pair(arch, vocab_size=50, multiple=64):
     cfg = tiny(arch=arch, vocab_size=vocab_size, context_size=8,
                sub_pos_embed_to_decoder="YES_NO_LN", **kw)
     plain = make(cfg).double().train()
-    padded = build_model(dataclasses.replace(cfg, vocab_pad_multiple=multiple)).double().train()
+    padded = Transformer(dataclasses.replace(cfg, vocab_pad_multiple=multiple)).double().train()
     state = plain.state_dict()
     state["wte.weight"] = torch.cat((state["wte.weight"],
                                      torch.randn(padded.wte.weight.size(0) - vocab_size,
@@ -1272,7 +1272,7 @@ def test_dropout_train_only(arch):
     kw = dict(embedding_loss_type="MSE") if arch == "aed" else {}
     cfg = tiny(arch=arch, dropout_rate=0.5, **kw)
     m = make(cfg).eval()
-    m0 = build_model(dataclasses.replace(cfg, dropout_rate=0.0)).eval()
+    m0 = Transformer(dataclasses.replace(cfg, dropout_rate=0.0)).eval()
     m0.load_state_dict(m.state_dict())
     x, _ = batch(cfg)
     with torch.no_grad():

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from checkpoint import load, run_config
 from configurator import ConfigError, die, first_line, resolve_device
-from model import build_model
+from model import Transformer
 from rundir import RunDir
 
 print = functools.partial(print, flush=True)  # every line shows at once, in a log file too
@@ -80,8 +80,8 @@ try:  # the keys above and ModelConfig's, from argv (--help lists them); a resum
 except ConfigError as e:
     die(e)
 ddp = 'RANK' in os.environ  # DDP: torchrun sets RANK, LOCAL_RANK, WORLD_SIZE
-rank, local_rank, world_size = (int(os.environ.get(k, default)) for k, default in
-                                (('RANK', 0), ('LOCAL_RANK', 0), ('WORLD_SIZE', 1)))
+rank, local_rank = int(os.environ.get('RANK', 0)), int(os.environ.get('LOCAL_RANK', 0))
+world_size = int(os.environ.get('WORLD_SIZE', 1))
 master = rank == 0  # rank 0 logs, estimates and saves
 modes = ('auto', 'default', 'reduce-overhead', 'max-autotune-no-cudagraphs', 'max-autotune')
 for keys, rule, ok in [  # what the type check cannot catch (a negative min_lr is gradient ascent)
@@ -185,7 +185,7 @@ whole_val = (val_data, np.arange((len(val_data) - 1) // context_size) * context_
 
 # model init: the same weights on every rank (the same seed, or checkpoint)
 torch.manual_seed(seed)
-model = raw_model = build_model(model_config).to(device)  # raw: uncompiled
+model = raw_model = Transformer(model_config).to(device)  # raw: uncompiled
 # rank 0 takes out_dir (one run at a time); a signal or a lost DDP rank now waits for a save
 run = RunDir(out_dir, ckpt, overwrite, master)
 scaler = torch.amp.GradScaler(device_type, enabled=(dtype == 'float16'))  # a no-op but with fp16

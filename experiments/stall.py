@@ -31,7 +31,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from checkpoint import load  # noqa: E402
-from model import build_model  # noqa: E402
+from model import Transformer  # noqa: E402
 
 
 def position_share(h):
@@ -146,7 +146,7 @@ def main():
                 why = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
                 sys.exit(f"error: train.py failed at seed {seed}: {why.removeprefix('error: ')}")
             ckpt, config = load(os.path.join(out_dir, 'ckpt_last.pt'))
-            model = build_model(config)
+            model = Transformer(config)
             model.load_state_dict(ckpt['model'])
             m = probe(model, x, y)
             with open(os.path.join(out_dir, 'log.jsonl')) as f:  # train.py's own, at the last step

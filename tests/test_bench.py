@@ -11,7 +11,7 @@ import torch
 
 import bench
 from conftest import run_here
-from model import ModelConfig, build_model
+from model import ModelConfig, Transformer
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 # one thread: these tests check what bench.py reports, not how fast; two threads on a machine whose
@@ -52,7 +52,7 @@ def test_bench_quick(tmp_path):
     assert all(g["ms_per_token_weight_read"] > 0 and g["speedup_bound"] == pytest.approx(
         g["ms_per_token_uncached"] / g["ms_per_token_weight_read"]) for g in r["generate"])
     # the KV cache size bench reports is what the model really allocates (quick mode: the small AED)
-    aed = build_model(ModelConfig(**dict(bench.SMALL_AED, context_size=64))).eval()
+    aed = Transformer(ModelConfig(**dict(bench.SMALL_AED, context_size=64))).eval()
     assert {g["new_tokens"] for g in r["generate"]} == {63}  # quick: a context of 64
     for g in (g for g in r["generate"] if g["model"] == "AED"):
         cache = aed.new_kv_cache()
@@ -267,7 +267,7 @@ def test_params_section_counts_every_config(tmp_path):
     assert set(rows) == configs and "matmul_peak_flops" not in r
     assert (rows["aed_mse_possub.py"]["params"] == 15_763_500
             and rows["baseline.py"]["params"] == 16_036_800)
-    aed = build_model(ModelConfig(arch="aed", n_layer=2, n_embed=96, n_head=4, cross_attn_n_head=8,
+    aed = Transformer(ModelConfig(arch="aed", n_layer=2, n_embed=96, n_head=4, cross_attn_n_head=8,
                                   context_size=128, embedding_loss_type="MSE",
                                   sub_pos_embed_to_decoder="YES_NO_LN", detach_type="ENCODER_OUT",
                                   embedding_ln_type="INIT", use_ln_on_encoder_out=True))

@@ -248,8 +248,8 @@ def test_the_usual_forks(tmp_path, data, base):
     code, out, start = fork(tmp_path, *USUAL), str(tmp_path / 'out'), str(tmp_path / 'start.pt')
     train = (code / 'train.py').read_text()
     (code / 'train.py').write_text(train.replace(*NEW_KEY, 1))
-    (code / 'check.py').write_text('import torch\nfrom model import ModelConfig, build_model\n'
-                                   'assert isinstance(build_model(ModelConfig()).ln_f, '
+    (code / 'check.py').write_text('import torch\nfrom model import ModelConfig, Transformer\n'
+                                   'assert isinstance(Transformer(ModelConfig()).ln_f, '
                                    'torch.nn.RMSNorm)\n')
     run_fork(code, ('check.py',))
     train_resume_sample(code, data, out, steps=(0, 4), extra=['--log_extra=True'],

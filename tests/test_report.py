@@ -257,7 +257,7 @@ def test_cpu_configs_mirror_the_author():
     baseline_small < AED < baseline."""
     import dataclasses
     from checkpoint import model_config_of
-    from model import ModelConfig, build_model
+    from model import ModelConfig, Transformer
     cpu, author = load_configs('cpu_'), load_configs('')
     model_keys = [f.name for f in dataclasses.fields(ModelConfig)]
     common = [k for k in cpu['baseline'] if k not in model_keys and k != 'out_dir']
@@ -279,7 +279,7 @@ def test_cpu_configs_mirror_the_author():
         {k: v for k, v in cpu['baseline'].items() if k not in ('out_dir', 'dropout_rate')}
 
     def params(r):
-        return build_model(model_config_of(cpu[r])).get_num_params()
+        return Transformer(model_config_of(cpu[r])).get_num_params()
     assert (params('baseline_small') < params('aed_mse_possub') < params('baseline')
             == params('baseline_dropout'))
 
@@ -945,9 +945,9 @@ def test_gpu_probe_aten_way_keeps_the_gradients_without_atomics(tmp_path, monkey
     (tmp_path / 'train.py').write_text('''
 import torch
 from torch._inductor.utils import run_and_get_code
-from model import ModelConfig, build_model
+from model import ModelConfig, Transformer
 torch.manual_seed(0)
-m = build_model(ModelConfig(arch="gpt", n_layer=1, n_embed=16, n_head=2, context_size=8,
+m = Transformer(ModelConfig(arch="gpt", n_layer=1, n_embed=16, n_head=2, context_size=8,
                             vocab_size=50))
 x = torch.randint(0, 50, (2, 8))
 x[:, :4] = 3  # one id many times
@@ -1180,14 +1180,14 @@ def test_stall_probe_measures_what_it_says():
     """experiments/stall.py: position's share is 1 for a state that only position sets, 0 for one
     that only the text sets; its embedding loss is the one the model trains on (dropout 0)."""
     import stall
-    from model import ModelConfig, build_model
+    from model import ModelConfig, Transformer
     by_pos, by_text = torch.randn(1, 16, 8).expand(4, 16, 8), torch.randn(4, 1, 8).expand(4, 16, 8)
     assert stall.position_share(by_pos) == pytest.approx(1.0)
     assert stall.position_share(by_text) == pytest.approx(0.0, abs=1e-6)
     torch.manual_seed(0)
     c = dict(arch='aed', vocab_size=64, context_size=16, n_embed=32, n_layer=2, n_head=4,
              embedding_loss_type='MSE', embedding_ln_type='INIT', embedding_loss_coeff=8.0)
-    m = build_model(ModelConfig(**c))
+    m = Transformer(ModelConfig(**c))
     x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
     got = stall.probe(m, x, y)
     m.train()
@@ -1206,12 +1206,12 @@ def test_gpu_probe_fused_way_is_the_loss_and_gradients_of_the_logits(tmp_path, m
     GPT and the AED (its embedding loss too); with logits asked for, model.py's own forward."""
     (tmp_path / 'train.py').write_text('''
 import torch
-from model import ModelConfig, build_model
+from model import ModelConfig, Transformer
 torch.set_default_dtype(torch.float64)
 for arch, kw in (("gpt", {}), ("aed", dict(embedding_loss_type="MSE", embedding_loss_coeff=8.0,
                                          sub_pos_embed_to_decoder="YES_NO_LN"))):
     torch.manual_seed(0)
-    m = build_model(ModelConfig(arch=arch, n_layer=1, n_embed=16, n_head=2, context_size=8,
+    m = Transformer(ModelConfig(arch=arch, n_layer=1, n_embed=16, n_head=2, context_size=8,
                                 vocab_size=64, vocab_pad_multiple=80, **kw))
     x, y = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
     def run(return_logits):

@@ -19,7 +19,7 @@ import torch
 import checkpoint
 from configurator import read_config_file
 from conftest import ROOT, run_here, signal_after_reader_gone, train_defaults
-from model import ModelConfig, build_model
+from model import ModelConfig, Transformer
 from tokenizer import get_encoding
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
@@ -32,7 +32,7 @@ def out_dir(tmp_path_factory):
     config = ModelConfig(arch='gpt', vocab_size=256, context_size=16, n_embed=16, n_layer=1,
                          n_head=2)
     torch.manual_seed(0)
-    model = build_model(config)
+    model = Transformer(config)
     out = tmp_path_factory.mktemp('out')
     checkpoint.save({'model': model.state_dict(), 'config': dataclasses.asdict(config), 'step': 0},
                     str(out / 'ckpt_best.pt'))
@@ -53,7 +53,7 @@ def test_streamed_text_is_the_decoded_tokens(out_dir):
     # the same samples, not streamed: the same seed and calls as sample.py, decoded at once
     ckpt, config = checkpoint.load(str(out_dir / 'ckpt_best.pt'))
     torch.manual_seed(7)
-    model = build_model(config)  # its initialisation draws random numbers in sample.py too
+    model = Transformer(config)  # its initialisation draws random numbers in sample.py too
     model.load_state_dict(ckpt['model'])
     model.eval()
     x = torch.tensor([enc.encode('H')])
@@ -73,7 +73,7 @@ def test_a_byte_level_run_samples_bytes(out_dir, tmp_path):
                           '--seed=3', '--top_k=0', '--temperature=2')
     assert rc == 0, err
     torch.manual_seed(3)
-    model = build_model(config)
+    model = Transformer(config)
     model.load_state_dict(ckpt['model'])
     model.eval()
     x = torch.tensor([list('é'.encode())])

@@ -9,7 +9,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 import model as model_py
-from model import build_model
+from model import Transformer
 from conftest import TINY, make_data, run_here
 from test_train import assert_one_line_error
 
@@ -74,7 +74,7 @@ def test_accumulation_is_backwards_and_micro_batch_regroups(tmp_path, monkeypatc
         for n, g in base['grads'].items():
             torch.testing.assert_close(r['grads'][n], g, rtol=1e-4, atol=1e-7, msg=n)
     # the same step through .backward(), at the same weights
-    m = build_model(base['config'])
+    m = Transformer(base['config'])
     m.load_state_dict(base['weights'])
     for c in base['train']:
         (m(c['idx'], c['targets'])[1] / 2).backward()

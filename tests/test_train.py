@@ -310,7 +310,7 @@ def test_byte_pair_is_the_key_pair_at_byte_size():
     settings, the GPT's non-embedding parameters (all but wte) within 1% of the AED's."""
     from checkpoint import model_config_of
     from configurator import read_config_file
-    from model import build_model
+    from model import Transformer
     defaults, path = train_defaults(), lambda n: os.path.join(ROOT, 'config', n)
     common = read_config_file(path('bytes_common.py'), defaults)
     size = {'out_dir', 'n_embed', 'n_layer', 'n_head', 'cross_attn_n_head'}
@@ -320,7 +320,7 @@ def test_byte_pair_is_the_key_pair_at_byte_size():
                          for f in (f'bytes_{name}.py', f'{name}.py'))
         assert {k for k in defaults if small[k] != author[k]} <= size | set(common), name
         assert all(small[k] == v for k, v in common.items()), name
-        m = build_model(model_config_of(small))
+        m = Transformer(model_config_of(small))
         non_emb.append(m.get_num_params() - m.wte.weight.numel())
     aed, gpt = load_config(defaults, [path('bytes_aed_mse_possub.py')]), non_emb
     assert aed['cross_attn_n_head'] == 2 * aed['n_head'] and common['vocab_size'] == 256
@@ -346,14 +346,14 @@ def test_config_files_state_only_what_they_change():
 
 
 def test_author_configs_param_counts():
-    from model import build_model
+    from model import Transformer
     from checkpoint import model_config_of
     defaults = train_defaults()
     expect = {'aed_mse_possub': 15_763_500, 'baseline': 16_036_800, 'baseline_small': 15_441_192,
               'baseline_dropout': 16_036_800}
     for name, n in expect.items():
         c = load_config(defaults, [os.path.join(ROOT, 'config', name + '.py')])
-        m = build_model(model_config_of(c))
+        m = Transformer(model_config_of(c))
         assert m.get_num_params() == n, name
 
 
@@ -610,7 +610,7 @@ def test_nan_loss_stops_without_saving(tmp_path, monkeypatch):
     data = make_data(tmp_path)
     out = str(tmp_path / 'out')
     # make the model's loss NaN from the 13th optimizer step on (2 micro-steps per step)
-    build = model.build_model
+    build = model.Transformer
 
     def build_nan(cfg):
         m = build(cfg)
@@ -625,7 +625,7 @@ def test_nan_loss_stops_without_saving(tmp_path, monkeypatch):
             return logits, loss, parts
         m.forward = nan_forward
         return m
-    monkeypatch.setattr(model, 'build_model', build_nan)
+    monkeypatch.setattr(model, 'Transformer', build_nan)
     args = TINY + [f'--data_dir={data}', '--dataset=tiny', '--train_steps=40', '--est_interval=5',
                    f'--out_dir={out}', '--micro_batch=4']  # 2 forwards a step
     p = run_here('train.py', *args)
@@ -825,8 +825,8 @@ def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_runs, monkey
         assert cfg.n_layer <= 2 and cfg.n_embed <= 32, (
             f'built the claimed model ({cfg.n_layer} x {cfg.n_embed})')
         return build(cfg)
-    build = model.build_model
-    monkeypatch.setattr(model, 'build_model', build_guarded)
+    build = model.Transformer
+    monkeypatch.setattr(model, 'Transformer', build_guarded)
     ckpt = load_ckpt(tiny_ckpt, 'best')
     del ckpt['checksum']
     for change, words in [({'n_layer': 400, 'n_embed': 1024, 'n_head': 8},
@@ -835,7 +835,7 @@ def test_damaged_and_hostile_checkpoints_are_refused(tmp_path, tiny_runs, monkey
         # a checksum is no signature
         save_with_checksum(dict(ckpt, config=dict(ckpt['config'], **change)), path)
         assert_one_line_error(sample(), path, words)
-    monkeypatch.setattr(model, 'build_model', build)
+    monkeypatch.setattr(model, 'Transformer', build)
     save_with_checksum(dict(ckpt, model=dict(ckpt['model'], extra=torch.zeros(1))), path)
     assert_one_line_error(sample(), path, 'written by a model without a change made to model.py',
                           'extra is (1,) in the file, this model needs none')
@@ -1366,7 +1366,7 @@ def test_run_records_where_it_ran_and_its_whole_val_loss(tmp_path):
     the best model's ce on all of val.bin (the same tokens whatever the seed), each equal to an
     independent computation."""
     from checkpoint import load
-    from model import build_model
+    from model import Transformer
     import torch.nn.functional as F
     out = str(tmp_path / 'out')
     assert tiny_run(tmp_path, '--train_steps=10').returncode == 0
@@ -1389,7 +1389,7 @@ def test_run_records_where_it_ran_and_its_whole_val_loss(tmp_path):
     y = torch.from_numpy(val[1:n * 16 + 1].reshape(n, 16))
     for name, key in (('last', 'whole_val_last'), ('best', 'whole_val_best')):
         ckpt, model_config = load(os.path.join(out, f'ckpt_{name}.pt'))
-        m = build_model(model_config)
+        m = Transformer(model_config)
         m.load_state_dict(ckpt['model'])
         m.eval()
         with torch.no_grad():
