@@ -95,6 +95,15 @@ report() {  # the pilots' tables and the study's, each with the floors of its sl
     python experiments/report.py "${done[@]}" ${fl[@]+"${fl[@]}"} --x=epochs --train=True \
         --svg="${STUDY}_pair.svg" \
         --title="aed_mse_possub vs baseline, by seed: val (thick) and train (thin)" > /dev/null
+    [ ${#done[@]} -eq ${#RUNS[@]} ] || return 0  # the declared analysis: once every seed is done
+    {
+        echo "The byte pair where the GPT overfits, its declared analysis (experiments/paired.py;"
+        echo "the runs and the count-model floors: bytes_overfit.md; by step:" \
+             "bytes_overfit_diff.svg)."
+        echo
+        python experiments/paired.py "$STUDY" --new=6,7,8,9,10 --svg="${STUDY}_diff.svg"
+    } > "${STUDY}_paired.md.tmp"
+    mv "${STUDY}_paired.md.tmp" "${STUDY}_paired.md"
 }
 
 pilot() {  # pilot <run> <bytes>: the GPT at seed 0 on the first <bytes> bytes; says yes or no

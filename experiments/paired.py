@@ -150,7 +150,7 @@ def main():
                  f"{args.folder}")
     steps = [int(s) for s in args.steps.split(',')]
     diffs = {seed: differences(g, a, steps) for seed, (g, a) in by_seed.items()}
-    seeds = list(by_seed)
+    seeds = sorted(by_seed, key=lambda s: (s != 1337, s))  # the study's order: 1337, 2, 3, ...
     lines = ["AED - GPT by seed (negative: the AED is lower); whole val: all of val.bin; steps "
              "and equal train loss: the val estimate; stalled: the val estimate at step "
              f"{STALL_STEP} is {STALL} or more.", "",

@@ -507,7 +507,7 @@ STUDIES = [  # (script, environment, what it names: committed runs and floors), 
      ['data_constrained', 'data_constrained_regularised', 'data_constrained_confounds']),
     ('cpu_bytes.sh', {'PILOT': 'bytes_pilot', 'STUDY': 'bytes'}, ['bytes_pilot', 'bytes']),
     ('cpu_bytes_overfit.sh', {'PILOT': 'bytes_overfit_pilot', 'STUDY': 'bytes_overfit'},
-     ['bytes_overfit_pilot', 'bytes_overfit']),
+     ['bytes_overfit_pilot', 'bytes_overfit', 'bytes_overfit_paired']),
     ('cpu_bytes_stall.sh', {'RES': 'bytes_stall'}, ['bytes_stall']),
     ('gpu_author_regime.sh', {'RES': 'gpu_author_regime'}, ['gpu_author_regime']),
     ('gpu_author_regime.sh', {'RES': 'gpu_h100_30steps', 'STEPS': '30'}, ['gpu_h100_30steps']),
@@ -1124,7 +1124,7 @@ def test_overfit_study_script_gates_on_its_pilots(tmp_path):
     shim.mkdir()
     (shim / 'python').write_text(f'''#!/usr/bin/env bash
 case "$1" in
-    prepare.py|experiments/report.py) exit 0 ;;
+    prepare.py|experiments/report.py|experiments/paired.py) exit 0 ;;
     train.py) ;;
     *) exec {PY} "$@" ;;
 esac
