@@ -195,8 +195,8 @@ if graphs:  # kept .grad buffers, zeroed in place: a CUDA graph's memory is neve
     for p in params:
         p.grad = torch.zeros_like(p)
 start_step = run.step
-# RNG for dropout: a seed per rank and start step (ranks drop different units, a resume draws
-# new ones); rank 0 then restores the saved state, so a single-process resume is exact
+# RNG for dropout: a seed per rank and start step, so ranks drop different units; rank 0 then
+# restores the saved state, so a single-process resume is exact (other ranks draw afresh)
 torch.manual_seed(int(np.random.SeedSequence([seed, 2, rank, start_step]).generate_state(1)[0]))
 if ckpt is not None:
     model.load_state_dict(ckpt['model'])  # checkpoint.load checked every shape
