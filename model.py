@@ -32,6 +32,9 @@ Opt = typing.Optional
 
 @dataclass
 class ModelConfig:
+    """The model's options. Each field is checked against its annotation (bool, int, float or str,
+    or Opt[...] of one: None allowed) and the rules below; a field a fork adds needs only a type
+    and a default."""
     arch: str = "aed"  # "gpt" (decoder-only baseline) or "aed"
     vocab_size: int = 50257  # GPT-2's BPE vocabulary
     vocab_pad_multiple: int = 1  # wte's rows up to a multiple of this (e.g. 64)
@@ -107,8 +110,9 @@ class Attention(nn.Module):
 
     def __init__(self, c, cross=False):
         super().__init__()
-        C, bias = c.n_embed, c.cross_attn_use_bias if cross else c.use_bias
+        C, bias = c.n_embed, (c.cross_attn_use_bias if cross else c.use_bias)
         self.n_head = c.cross_attn_n_head if cross else c.n_head
+        # self.layer_idx, its slot in a KVCache: set by Transformer, which numbers its layers
         if cross:
             self.q_proj, self.kv_proj = nn.Linear(C, C, bias=bias), nn.Linear(C, 2 * C, bias=bias)
         else:
@@ -192,9 +196,10 @@ class Transformer(nn.Module):
         # tied to the head; rows: vocab_size rounded up (-(-a // b): ceil) to a multiple of
         # vocab_pad_multiple, the extra ones unused
         self.wte = nn.Embedding(-(-c.vocab_size // c.vocab_pad_multiple) * c.vocab_pad_multiple, C)
-        # wpe[1..T] (added to the decoder input, or subtracted at the head) needs one row more
-        self.wpe = nn.Embedding(c.context_size + int(c.add_pos_embed_to_decoder or
-                                                     c.sub_pos_embed_to_decoder != "NO"), C)
+        # wpe[1..T], the next positions, added to the decoder input or subtracted at the head:
+        # one row more
+        next_pos = c.add_pos_embed_to_decoder or c.sub_pos_embed_to_decoder != "NO"
+        self.wpe = nn.Embedding(c.context_size + int(next_pos), C)
         self.drop = nn.Dropout(c.dropout_rate)
         self.blocks = nn.ModuleList(Block(c) for _ in range(c.n_layer))  # the AED's encoder
         self.ln_bridge = layer_norm(c) if c.add_ln_before_decoder_ff else None
@@ -207,7 +212,8 @@ class Transformer(nn.Module):
         # is matched to the parameters by position. (A parameter a fork adds may go anywhere: a
         # checkpoint without it is refused by name first.)
         self.ln_post = layer_norm(c) if c.sub_pos_embed_to_decoder == "YES_LN" else None
-        # the loss LayerNorms have a bias (or no affine part at all); no loss, none of them
+        # the embedding loss's LayerNorms, the author's: a bias whatever use_bias, or no affine
+        # part; not layer_norm(c), the blocks' (a norm swapped there leaves these). No loss: none
         ln = lambda: nn.LayerNorm(C, elementwise_affine=c.embedding_ln_affine)  # noqa: E731
         self.ln_a = ln() if c.embedding_ln_type in ("INIT", "AVG_CUM_SUM") else None
         self.ln_b = ln() if c.use_ln_on_encoder_out else None
@@ -226,7 +232,8 @@ class Transformer(nn.Module):
         self.compiled_decode_step = None
 
     def _init_weights(self, module):
-        # by module type, as nanoGPT: a parameter of a fork's own keeps the init it was made with
+        # by module type, as nanoGPT: a fork's own nn.Parameter keeps the init it was made with
+        # (its Linear and Embedding modules are drawn as these)
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
@@ -245,7 +252,8 @@ class Transformer(nn.Module):
     def hidden_states(self, idx, cache=None, pos=None):
         """(out, E, enc): the states (B, T, C) before the head of tokens idx (B, T) at positions
         pos (T,), 0..T-1 unless given (with a KVCache), and E and enc for the embedding loss (enc:
-        None in the GPT)."""
+        None in the GPT). With a cache only the new tokens run: what a fork mixes across positions
+        outside Attention must go through the cache too (test_model.py compares with no cache)."""
         c, enc = self.config, None
         if pos is None:
             if idx.size(1) > c.context_size:
@@ -258,8 +266,8 @@ class Transformer(nn.Module):
         if self.decoder_blocks is not None:  # the AED: enc, the encoder output, has no LayerNorm
             enc = x
             x = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))
-            if c.add_pos_embed_to_decoder:  # in place, as the author: under autocast x stays bf16
-                x += self.wpe(pos + 1)
+            if c.add_pos_embed_to_decoder:  # x's dtype kept: bf16 under autocast (the author's +=)
+                x = (x + self.wpe(pos + 1)).to(x.dtype)
             for block in self.decoder_blocks:
                 x = block(x, enc, cache, pos)
         out = self.ln_f(x)
@@ -276,7 +284,9 @@ class Transformer(nn.Module):
     def forward(self, idx, targets=None, return_logits=True):
         """idx, targets: (B, T) -> (logits (B, T, vocab_size), or None if not return_logits; loss or
         None; the loss's parts, detached: {'ce': ...}, and 'emb' with the embedding loss). The
-        loss: ce + coeff * embedding loss in training mode, ce in eval mode."""
+        loss: ce + coeff * embedding loss in training mode, ce in eval mode. train.py averages the
+        loss and each part over a step's forwards (so each a mean over rows, a 0-dim tensor, in
+        every forward) and logs them; on CUDA it runs this under CUDA graphs (no host syncs)."""
         c = self.config
         out, E, enc = self.hidden_states(idx)
         logits = self.head(out)
