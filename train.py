@@ -47,7 +47,7 @@ dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.
 train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it)
 batch_size = 50        # a step: batch_size x gradient_accumulation_steps sequences, all ranks
 gradient_accumulation_steps = 16  # (estimates: batches of batch_size; split across DDP ranks)
-micro_batch = 200      # at most this many sequences a forward (0: batch_size), fewest forwards
+micro_batch = 200      # at most this many sequences a forward (0: batch_size): see micro_steps
 # model: every field of model.py's ModelConfig is a key too (arch, vocab_size, context_size, ...)
 # AdamW optimizer
 lr = 9e-4              # peak learning rate
@@ -72,10 +72,10 @@ seed = 1337            # the init, the batches and dropout all follow from it
 try:  # the keys above and ModelConfig's, from argv (--help lists them); a resume: the run's own
     # config, what this command changes in it, and its checkpoint
     config, model_config, ckpt, changes = run_config(globals(), sys.argv[1:])
-    # every key a global, as nanoGPT's configurator does: ModelConfig's too (arch, vocab_size,
-    # context_size, ...), as given: a None stays None here, model_config holds what it stands for.
-    # config keeps device 'auto': a resume on other hardware works
-    globals().update(config)
+    # every key a global, as nanoGPT's configurator does; ModelConfig's (arch, vocab_size, ...) as
+    # model_config resolved them (config, saved, keeps each None; and device 'auto', so a resume
+    # on other hardware works)
+    globals().update(config, **vars(model_config))
     device, device_type, dtype, autocast = resolve_device(device, dtype)
 except ConfigError as e:
     die(e)
@@ -100,8 +100,11 @@ for keys, rule, ok in [  # what the type check cannot catch (a negative min_lr i
     for k in keys.split():
         if not ok(config[k]):
             die(f"{k} must {rule}, got {config[k]!r}")
+# a step's forwards are not gradient_accumulation_steps of batch_size rows: they are the fewest
+# of equal size with micro_batch rows at most (4 of 200 by default), for speed. The gradients are
+# the same: each forward's loss is a mean over its rows, divided by micro_steps
 rank_rows = gradient_accumulation_steps // world_size * batch_size  # a step's sequences per rank
-micro_steps = 1  # forwards a step, per rank: the fewest of equal size, micro_batch rows at most
+micro_steps = 1  # forwards a step, per rank
 while rank_rows % micro_steps or rank_rows // micro_steps > (micro_batch or batch_size):
     micro_steps += 1
 forward_rows = rank_rows // micro_steps  # sequences a forward
@@ -237,14 +240,14 @@ if compile and start_step < train_steps:  # (a finished run takes no step)
 
 @torch.no_grad()
 def mean_ce(m, data, starts):
-    # eval-mode cross-entropy (no dropout, no embedding loss) of the windows at starts (N,)
+    # eval-mode cross-entropy (no dropout, no other loss term) of the windows at starts (N,)
     total = 0.0
     m.eval()
     for i in range(0, len(starts), batch_size):
         X, Y = get_batch(data, starts[i:i + batch_size])
         mark_step()
         with autocast:
-            total += m(X, Y, return_logits=False)[1].float() * len(X)
+            total += m(X, Y, return_logits=False)[2]['ce'].float() * len(X)
     m.train()
     return total.item() / len(starts)
 
@@ -314,7 +317,10 @@ while True:
         mark_step()  # a new forward: CUDA graphs may reuse memory
         with autocast:
             _, loss, parts = model(X, Y, return_logits=False)  # the loss alone: no logits kept
-        if graphs:  # in one add: with CUDA graphs, AccumulateGrad can fail or corrupt them
+        # the same gradients two ways (tests/test_step.py): .backward() as nanoGPT (faster), or
+        # under CUDA graphs added in one op (AccumulateGrad can fail or corrupt them); there a
+        # parameter the loss does not reach gets zeros, not None (AdamW's weight decay moves it)
+        if graphs:
             torch._foreach_add_([p.grad for p in params], torch.autograd.grad(
                 scaler.scale(loss / micro_steps), params, materialize_grads=True))
         else:
@@ -356,9 +362,8 @@ while True:
               'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)}
     run.log(record)
     if step % log_interval == 0 or step == train_steps:
-        coeff = model_config.embedding_loss_coeff  # the loss the optimizer sees, and its parts
         terms = "" if 'emb' not in means else \
-            f" (ce {means['ce']:.4f} + {coeff:g} x emb {means['emb']:.3e})"
+            f" (ce {means['ce']:.4f} + {embedding_loss_coeff:g} x emb {means['emb']:.3e})"
         print(f"step {step}/{train_steps} | loss {means['loss']:.4f}{terms} | lr {lr_now:.2e} "
               f"| epoch {record['epochs']:.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
               f"{f' | mfu {mfu * 100:.1f}%' if mfu else ''}")
