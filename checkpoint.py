@@ -105,7 +105,8 @@ def link(src, dst):
 
 
 def expected_shapes(model_config):
-    # shapes only: no memory, however large the config (so a fork's __init__ must run on meta)
+    # shapes only: no memory, however large the config (so a fork's __init__ must run on meta:
+    # no .item(), no numpy of a tensor)
     with torch.device('meta'):
         return {k: tuple(v.shape) for k, v in Transformer(model_config).state_dict().items()}
 
@@ -134,12 +135,11 @@ def load(path, keys=('model', 'config')):
         c = model_config_of(config)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
-    # the config against the weights; a config claiming far more blocks than the file holds is
-    # refused before building them (on meta: shapes only)
-    for stack, n in (('blocks', c.n_layer), ('decoder_blocks', c.n_decoder_layer or 0)):
-        held = len({k.split('.')[1] for k in sd if k.startswith(stack + '.')})
-        if n > held:
-            raise CheckpointError(f"{path}: its config asks for {n} {stack}, the file holds {held}")
+    # the config against the weights, built on meta; a config claiming far more blocks than
+    # the file holds tensors is refused before (a block has one at least)
+    if (n := c.n_layer + (c.n_decoder_layer or 0)) > len(sd):
+        raise CheckpointError(f"{path}: its config asks for {n} blocks, more than the file's "
+                              f"{len(sd)} tensors")
     shapes = expected_shapes(c)
     for k in {**shapes, **sd}:  # the model's order, then what only the file holds
         got, needed = tuple(sd[k].shape) if k in sd else 'missing', shapes.get(k, 'none')
@@ -160,32 +160,37 @@ def model_config_of(config):  # a field the run's config lacks (it is older) tak
 def run_config(namespace, argv):
     """(config, model_config, ckpt, [(key, old, new)]) of train.py: its keys (namespace's public
     int, float, bool, str and None globals) and ModelConfig's, set by argv's config files and
-    --key=value; for a resume, the config saved in out_dir/ckpt_last.pt with what argv sets on top
-    (e.g. --train_steps=20000), except the model's shape, and that checkpoint (else None)."""
+    --key=value; a resume's come from its checkpoint (resume_config), else ckpt is None."""
     defaults = {**collect_defaults(namespace),
                 **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
     sources = [namespace['__file__'], sys.modules['model'].__file__]  # of --help's comments
-    config = saved = load_config(defaults, argv, sources=sources)
-    ckpt, out_dir = None, config['out_dir']
-    path = os.path.join(out_dir, 'ckpt_last.pt')
+    config, ckpt, changes = load_config(defaults, argv, sources=sources), None, []
     if config['init_from'] == 'resume':
-        if not os.path.isfile(path):
-            raise ConfigError(f"--init_from=resume: no checkpoint at {path} (is out_dir right?)")
-        ckpt, _ = load(path, ('model', 'optimizer', 'scaler', 'config', 'step', 'best_val_loss',
-                              'best_step', 'last_est', 'elapsed', 'rng'))
-        saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")
-                                  for k, v in ckpt['config'].items() if k in defaults})
-        config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
-        try:  # compare the models, not the spelling: n_decoder_layer=None and =n_layer are one
-            same = model_config_of(saved) == model_config_of(config)
-        except (ValueError, TypeError):
-            same = False  # a value the model refuses: the check below names the key
-        for k in MODEL_KEYS:
-            if config[k] != saved[k] and not same:
-                raise ConfigError(f"cannot change {k} when resuming: the checkpoint has "
-                                  f"{saved[k]!r}, this run asks for {config[k]!r}")
-    changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']
+        config, ckpt, changes = resume_config(defaults, argv, config['out_dir'])
     try:
         return config, model_config_of(config), ckpt, changes
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model config: {e}") from None
+
+
+def resume_config(defaults, argv, out_dir):
+    """(config, ckpt, changes) of a resume: the config saved in out_dir/ckpt_last.pt with what argv
+    sets on top (e.g. --train_steps=20000) but the model, that checkpoint, what argv changed."""
+    path = os.path.join(out_dir, 'ckpt_last.pt')
+    if not os.path.isfile(path):
+        raise ConfigError(f"--init_from=resume: no checkpoint at {path} (is out_dir right?)")
+    ckpt, _ = load(path, ('model', 'optimizer', 'scaler', 'config', 'step', 'best_val_loss',
+                          'best_step', 'last_est', 'elapsed', 'rng'))
+    saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")
+                              for k, v in ckpt['config'].items() if k in defaults})
+    config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
+    try:  # the same model, however spelt: n_decoder_layer None and = n_layer are one
+        same = model_config_of(saved) == model_config_of(config)
+    except (ValueError, TypeError):  # a value the model refuses
+        same = False
+    for k in MODEL_KEYS:  # else the first model key this command changes is refused
+        if config[k] != saved[k] and not same:
+            raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
+                              f"this run asks for {config[k]!r}")
+    changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']
+    return config, ckpt, changes
