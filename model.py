@@ -266,8 +266,10 @@ class Transformer(nn.Module):
         if self.decoder_blocks is not None:  # the AED: enc, the encoder output, has no LayerNorm
             enc = x
             x = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))
-            if c.add_pos_embed_to_decoder:  # x's dtype kept: bf16 under autocast (the author's +=)
-                x = (x + self.wpe(pos + 1)).to(x.dtype)
+            # in place, as the author's: x stays bf16 under autocast (out of place, a bf16 run's
+            # gradients would round differently)
+            if c.add_pos_embed_to_decoder:
+                x += self.wpe(pos + 1)
             for block in self.decoder_blocks:
                 x = block(x, enc, cache, pos)
         out = self.ln_f(x)
