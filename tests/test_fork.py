@@ -233,11 +233,24 @@ def test_a_config_field_with_a_default_loads_older_checkpoints(tmp_path, data, b
 
 def test_a_loss_term_in_forward(tmp_path, data):
     """A z-loss added in forward, its value among the parts: trained, resumed, sampled, and the
-    part logged with the others at every step."""
+    part logged with the others at every step. Scored on val, the model is scored by its
+    cross-entropy alone (the 'ce' part), not by the fork's loss."""
+    from checkpoint import model_config_of
+    from model import Transformer
     train_resume_sample(fork(tmp_path, Z_LOSS), data, str(tmp_path / 'out'))
-    steps = [r for r in map(json.loads, open(tmp_path / 'out' / 'log.jsonl'))
-             if r['type'] == 'step']
+    records = list(map(json.loads, open(tmp_path / 'out' / 'log.jsonl')))
+    steps = [r for r in records if r['type'] == 'step']
     assert len(steps) == 4 and all(r['z'] > 0 and r['emb'] > 0 for r in steps), steps
+    ckpt = torch.load(tmp_path / 'out' / 'ckpt_last.pt', weights_only=True)
+    m = Transformer(model_config_of(ckpt['config'])).eval()  # unforked: no z-loss
+    m.load_state_dict(ckpt['model'])
+    val = torch.from_numpy(np.fromfile(os.path.join(data, 'tiny', 'val.bin'), np.uint16)
+                           .astype(np.int64))
+    n = (len(val) - 1) // 16  # whole windows of context_size 16, as train.py scores val.bin
+    x, y = val[:n * 16].view(n, 16), val[1:n * 16 + 1].view(n, 16)
+    whole = [r for r in records if r['type'] == 'whole_val'][-1]  # at step 4
+    assert whole['step'] == 4
+    assert whole['whole_val_last'] == pytest.approx(m(x, y)[1].item(), rel=1e-5)
 
 
 def test_the_usual_forks(tmp_path, data, base):
