@@ -184,13 +184,13 @@ def resume_config(defaults, argv, out_dir):
     saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")
                               for k, v in ckpt['config'].items() if k in defaults})
     config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
-    try:  # the same model, however spelt: n_decoder_layer None and = n_layer are one
-        same = model_config_of(saved) == model_config_of(config)
+    try:  # another model, not another spelling (n_decoder_layer None and = n_layer are one)
+        changed = model_config_of(saved) != model_config_of(config)
     except (ValueError, TypeError):  # a value the model refuses
-        same = False
-    for k in MODEL_KEYS:  # else the first model key this command changes is refused
-        if config[k] != saved[k] and not same:
-            raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
-                              f"this run asks for {config[k]!r}")
+        changed = True
+    if changed:  # named by the first model key this command changes
+        k = next(k for k in MODEL_KEYS if config[k] != saved[k])
+        raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
+                          f"this run asks for {config[k]!r}")
     changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']
     return config, ckpt, changes
