@@ -385,6 +385,8 @@ class Transformer(nn.Module):
             else:  # inverse-CDF sampling: torch.multinomial's distribution at a tenth of its cost
                 cdf = F.softmax(logits / temperature, dim=-1).cumsum(dim=-1)
                 u = torch.rand(cdf.size(0), 1, device=cdf.device) * cdf[:, -1:]  # in [0, total)
+                # the first token whose cumulative probability passes u (clamped: in float, u may
+                # round up to the total); test_model.py checks the distribution
                 idx_next = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.size(-1) - 1)
             on_token(idx_next)  # (B, 1), e.g. to print it as it comes
             idx = torch.cat((idx, idx_next), dim=1)
