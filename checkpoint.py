@@ -165,9 +165,9 @@ def run_config(namespace, argv):
                 **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
     sources = [namespace['__file__'], sys.modules['model'].__file__]  # of --help's comments
     config, ckpt, changes = load_config(defaults, argv, sources=sources), None, []
-    if config['init_from'] == 'resume':
-        config, ckpt, changes = resume_config(defaults, argv, config['out_dir'])
-    try:
+    try:  # a value ModelConfig refuses, here or in resume_config: one line
+        if config['init_from'] == 'resume':
+            config, ckpt, changes = resume_config(defaults, argv, config['out_dir'])
         return config, model_config_of(config), ckpt, changes
     except (ValueError, TypeError) as e:
         raise ConfigError(f"model config: {e}") from None
@@ -184,13 +184,10 @@ def resume_config(defaults, argv, out_dir):
     saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")
                               for k, v in ckpt['config'].items() if k in defaults})
     config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
-    try:  # another model, not another spelling (n_decoder_layer None and = n_layer are one)
-        changed = model_config_of(saved) != model_config_of(config)
-    except (ValueError, TypeError):  # a value the model refuses
-        changed = True
-    if changed:  # named by the first model key this command changes
-        k = next(k for k in MODEL_KEYS if config[k] != saved[k])
-        raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
-                          f"this run asks for {config[k]!r}")
+    for k in MODEL_KEYS:  # the model stays; another spelling is no change (n_decoder_layer None
+        # and = n_layer make one model)
+        if config[k] != saved[k] and model_config_of(config) != model_config_of(saved):
+            raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
+                              f"this run asks for {config[k]!r}")
     changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']
     return config, ckpt, changes

@@ -510,8 +510,8 @@ def test_a_resume_needs_only_out_dir_and_keeps_the_model(tmp_path, tiny_runs):
     assert load_ckpt(out)['step'] == 42
     p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--n_embed=32')
     assert_one_line_error(p, 'cannot change n_embed when resuming')
-    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--n_layer=0')  # invalid
-    assert_one_line_error(p, 'cannot change n_layer when resuming')
+    p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--n_layer=0')
+    assert_one_line_error(p, 'model config: n_layer must be >= 1, got 0')
     # the same model spelt out is no change: n_decoder_layer None means n_layer (1 here); 2 is
     # another model
     p = run_here('train.py', f'--out_dir={out}', '--init_from=resume', '--n_decoder_layer=2')
