@@ -100,8 +100,13 @@ class ModelConfig:
                 raise ValueError(f"n_embed ({self.n_embed}) must be divisible by {name} ({heads})")
 
 
-def layer_norm(c):
+def layer_norm(c):  # every LayerNorm but the embedding loss's
     return nn.LayerNorm(c.n_embed, bias=c.use_bias)
+
+
+def loss_layer_norm(c):
+    """The embedding loss's, as the author's: a bias whatever use_bias, or no affine part at all."""
+    return nn.LayerNorm(c.n_embed, elementwise_affine=c.embedding_ln_affine)
 
 
 class Attention(nn.Module):
@@ -212,11 +217,9 @@ class Transformer(nn.Module):
         # is matched to the parameters by position. (A parameter a fork adds may go anywhere: a
         # checkpoint without it is refused by name first.)
         self.ln_post = layer_norm(c) if c.sub_pos_embed_to_decoder == "YES_LN" else None
-        # the embedding loss's LayerNorms, the author's: a bias whatever use_bias, or no affine
-        # part; not layer_norm(c), the blocks' (a norm swapped there leaves these). No loss: none
-        ln = lambda: nn.LayerNorm(C, elementwise_affine=c.embedding_ln_affine)  # noqa: E731
-        self.ln_a = ln() if c.embedding_ln_type in ("INIT", "AVG_CUM_SUM") else None
-        self.ln_b = ln() if c.use_ln_on_encoder_out else None
+        # the embedding loss's LayerNorms (no loss: none of them)
+        self.ln_a = loss_layer_norm(c) if c.embedding_ln_type in ("INIT", "AVG_CUM_SUM") else None
+        self.ln_b = loss_layer_norm(c) if c.use_ln_on_encoder_out else None
         self.ln_f = layer_norm(c)
         self.attention_layers = [m for m in self.modules() if isinstance(m, Attention)]
         for i, m in enumerate(self.attention_layers):  # each one's slot in a KVCache, in order

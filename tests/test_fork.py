@@ -38,8 +38,8 @@ Z_LOSS = (RETURN_LOSS,
           '        loss, parts["z"] = loss + z, z.detach()\n' + RETURN_LOSS, 'replace')
 
 # the usual forks, all in one copy (test_the_usual_forks)
-RMSNORM = ('def layer_norm(c):\n    return nn.LayerNorm(c.n_embed, bias=c.use_bias)\n',
-           'def layer_norm(c):  # fork: RMSNorm for LayerNorm\n    return nn.RMSNorm(c.n_embed)\n',
+RMSNORM = ('    return nn.LayerNorm(c.n_embed, bias=c.use_bias)\n',
+           '    return nn.RMSNorm(c.n_embed)  # fork: RMSNorm for LayerNorm\n',
            'replace')
 SWIGLU = ('        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))  # exact (erf) GELU\n',
           '        a, b = self.c_fc(x).chunk(2, dim=-1)  # fork: a SwiGLU MLP\n'
