@@ -328,11 +328,12 @@ while True:
         for k, v in {'loss': loss.detach(), **parts}.items():
             sums[k] = sums.get(k, 0.0) + v.float()
     # one tensor: one all-reduce, one wait for the device; zip below matches it back to the keys
+    # (the same keys in the same order on every rank: forward's parts)
     stats = torch.stack(list(sums.values()))
     # DDP without its wrapper: the mean of the ranks' gradients in one all-reduce, outside the
     # compiled model, so a CUDA graph can hold the whole step (docs/training.md)
     if ddp:
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [p.grad for p in params if p.grad is not None]  # None alike on every rank
         flat = torch.cat([g.flatten() for g in grads]).div_(world_size)
         dist.all_reduce(flat)
         for g, mean in zip(grads, flat.split([g.numel() for g in grads])):
