@@ -184,8 +184,8 @@ def resume_config(defaults, argv, out_dir):
     saved = dict(defaults, **{k: check_type(k, v, defaults[k], f"in {path}")
                               for k, v in ckpt['config'].items() if k in defaults})
     config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
-    for k in MODEL_KEYS:  # the model stays; another spelling is no change (n_decoder_layer None
-        # and = n_layer make one model)
+    # the model stays; another spelling of it is no change (n_decoder_layer None and = n_layer)
+    for k in MODEL_KEYS:
         if config[k] != saved[k] and model_config_of(config) != model_config_of(saved):
             raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
                               f"this run asks for {config[k]!r}")

@@ -56,7 +56,7 @@ class ModelConfig:
     # embedding-loss options: None while the loss is NONE, else None -> EMBEDDING_LOSS_DEFAULTS
     embedding_loss_coeff: Opt[float] = None  # loss = ce + coeff * embedding loss
     detach_type: Opt[str] = None  # ENCODER_OUT | EMBEDDING | NONE
-    embedding_ln_type: Opt[str] = None  # INIT | AVG_CUM_SUM | NONE
+    embedding_ln_type: Opt[str] = None  # INIT: LN(E) then mean; AVG_CUM_SUM: mean then LN; NONE
     use_ln_on_encoder_out: Opt[bool] = None  # LayerNorm enc in the embedding loss
     embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias
 
