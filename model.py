@@ -34,7 +34,7 @@ Opt = typing.Optional
 class ModelConfig:
     """The model's options. Each field is checked against its annotation (bool, int, float or str,
     or Opt[...] of one: None allowed) and the rules below; a field a fork adds needs only a type
-    and a default."""
+    and a default (and its name in AED_ONLY or COUNTS if one of those rules is to hold for it)."""
     arch: str = "aed"  # "gpt" (decoder-only baseline) or "aed"
     vocab_size: int = 50257  # GPT-2's BPE vocabulary
     vocab_pad_multiple: int = 1  # wte's rows up to a multiple of this (e.g. 64)
