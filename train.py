@@ -308,9 +308,7 @@ while True:
     t0 = time.time()
     sums = {}  # the loss and its parts (ce, emb, a fork's own), each summed over micro-steps
     data_s = 0.0  # time spent fetching batches: logged, so a slow data path shows
-    # micro_steps forwards of forward_rows sequences each (micro_batch at most: not necessarily
-    # gradient_accumulation_steps of batch_size), each loss a mean over its rows
-    for ix in train_offsets(step):  # (micro_steps, forward_rows) offsets
+    for ix in train_offsets(step):  # micro_steps forwards of forward_rows sequences (see above)
         t_data = time.time()
         X, Y = get_batch(train_data, ix)
         data_s += time.time() - t_data
