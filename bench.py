@@ -47,6 +47,7 @@ import torch
 from checkpoint import atomic_write, model_config_of
 from configurator import (ConfigError, collect_defaults, die, first_line, load_config,
                           resolve_device, unknown_key_error)
+from engine import Engine
 from model import ModelConfig, Transformer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "experiments"))
@@ -675,7 +676,7 @@ def uncached_lengths(n_tokens):
 
 def bench_generate():
     """ms per new token from a 1-token prompt until the context (200; quick: 64) is full: without
-    the cache, with it (eager), and with it and the compiled decode step (compile_decode_step; not
+    the cache, with it (eager), and with it and the compiled decode step (Engine(compile=True); not
     in quick mode). The uncached figure is the mean over every UNCACHED_STRIDE-th position."""
     rows = []
     configs = ([("AED", SMALL_AED), ("GPT", NANOGPT_REF)] if quick
@@ -689,28 +690,28 @@ def bench_generate():
         for batch in (1, 8):
             idx = torch.zeros(batch, 1, dtype=torch.long, device=device)
             new = kw["context_size"] - 1
-            compile_s, compiled_step = None, None
+            compile_s, engine = None, Engine(model)
             if "compiled" in modes:
                 t0 = time.perf_counter()
-                model.compile_decode_step()
-                model.generate(idx, 3)  # the first one-token step compiles (once per batch size)
+                engine = Engine(model, compile=True)
+                engine.generate(idx, 3)  # the first one-token step compiles (per batch size)
                 compile_s = time.perf_counter() - t0
-                compiled_step = model.compiled_decode_step
+            compiled_step = engine.compiled_step
 
             def per_token(mode, n_tokens):
                 """Seconds per token of generating n_tokens after idx."""
-                model.compiled_decode_step = compiled_step if mode == "compiled" else None
+                engine.compiled_step = compiled_step if mode == "compiled" else None
                 if mode == "uncached":  # one token at each of uncached_lengths: see there
                     lengths = uncached_lengths(n_tokens)
                     total = 0.0
                     for n in lengths:
                         t0 = time.perf_counter()
-                        model.generate(prompt[:, :n], 1, kv_cache=False)
+                        engine.generate(prompt[:, :n], 1, kv_cache=False)
                         sync()
                         total += time.perf_counter() - t0
                     return total / len(lengths)
                 t0 = time.perf_counter()
-                model.generate(idx, n_tokens)
+                engine.generate(idx, n_tokens)
                 sync()
                 return (time.perf_counter() - t0) / n_tokens
 
@@ -740,7 +741,6 @@ def bench_generate():
                   + f"; reading the {row['weights_mb']:.0f} MB of weights once {floor:.2f}"
                   + f"; KV cache {cache_mb:.0f} MB"
                   + (f"; compile {compile_s:.0f} s" if compile_s else ""), flush=True)
-        model.compiled_decode_step = None
     results["generate"] = rows
 
 

@@ -117,7 +117,8 @@ class Attention(nn.Module):
         super().__init__()
         C, bias = c.n_embed, (c.cross_attn_use_bias if cross else c.use_bias)
         self.n_head = c.cross_attn_n_head if cross else c.n_head
-        # self.layer_idx, its slot in a KVCache: set by Transformer, which numbers its layers
+        # self.layer_idx, its slot in a KVCache (engine.py): set by Transformer, which numbers
+        # its layers
         if cross:
             self.q_proj, self.kv_proj = nn.Linear(C, C, bias=bias), nn.Linear(C, 2 * C, bias=bias)
         else:
@@ -140,8 +141,12 @@ class Attention(nn.Module):
             # dropped in eval: docs/model.md, "Where we differ from the author's code")
             p = self.resid_dropout.p if self.training else 0.0
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        else:  # generation: against every key and value cached so far (layer_idx: its slot)
-            y = cache.attend(self.layer_idx, pos, q, k, v)
+        else:  # generation (engine.py): every key and value cached so far, each query seeing the
+            # slots up to its own position; not SDPA: for a few queries on CPU it costs ~100 us
+            k, v = cache.update(self.layer_idx, pos, k, v)  # (B, nh, context_size, hs)
+            mask = pos.view(-1, 1) >= torch.arange(k.size(2), device=pos.device)  # (T, slots)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, T, slots)
+            y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
         return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
 
 
@@ -232,7 +237,6 @@ class Transformer(nn.Module):
             if name.endswith("c_proj.weight"):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
                 nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * depth))
-        self.compiled_decode_step = None
 
     def _init_weights(self, module):
         # by module type, as nanoGPT: a fork's own nn.Parameter keeps the init it was made with
@@ -291,7 +295,8 @@ class Transformer(nn.Module):
         None; the loss's parts, detached: {'ce': ...}, and 'emb' with the embedding loss). The
         loss: ce + coeff * embedding loss in training mode, ce in eval mode. train.py averages the
         loss and each part over a step's forwards (so each a mean over rows, a 0-dim tensor, in
-        every forward) and logs them; on CUDA it runs this under CUDA graphs (no host syncs)."""
+        every forward) and logs them; on CUDA it runs this under CUDA graphs (no host syncs).
+        Generation (engine.py) takes its logits from hidden_states and head, not from here."""
         c = self.config
         out, E, enc = self.hidden_states(idx)
         logits = self.head(out)
@@ -339,79 +344,3 @@ class Transformer(nn.Module):
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas,
                                  fused=device_type in ("cuda", "cpu"))
-
-    # generation, with a KV cache (docs/model.md, Generation with a KV cache)
-    def new_kv_cache(self):
-        return KVCache(len(self.attention_layers), self.config.context_size)
-
-    def last_logits(self, idx, cache, pos):
-        """Logits (B, vocab_size) of the token after idx (B, T) at pos (T,), against cache."""
-        return self.head(self.hidden_states(idx, cache, pos)[0][:, -1, :])
-
-    def compile_decode_step(self, **compile_kwargs):
-        """torch.compile the one-token cached step, once for all positions (fixed shapes)."""
-        self.compiled_decode_step = torch.compile(self.last_logits, dynamic=False, fullgraph=True,
-                                                  **compile_kwargs)
-
-    @torch.no_grad()
-    def next_logits(self, idx, cache=None):
-        """Logits (B, vocab_size) of the token after idx (B, T), from its last context_size tokens;
-        with a cache, only the tokens after cache.pos run (past context_size: refilled)."""
-        window = idx[:, -self.config.context_size:]
-        if cache is None:
-            return self.last_logits(window, None, None)
-        if idx.size(1) > self.config.context_size:  # the window slid: every position moved
-            cache.pos = 0  # refill from slot 0
-        # a copy: a view into the growing idx would bring a new stride (a recompile)
-        new = window[:, cache.pos:].clone(memory_format=torch.contiguous_format)
-        pos = torch.arange(cache.pos, cache.pos + new.size(1), device=idx.device)
-        step = self.last_logits
-        # the first call fills (allocates) the cache; then single tokens may take the compiled step
-        if new.size(1) == 1 and cache.pos > 0 and self.compiled_decode_step is not None:
-            step = self.compiled_decode_step
-        cache.pos += new.size(1)  # the slots filled once this step is done
-        return step(new, cache, pos)
-
-    @torch.no_grad()
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, kv_cache=True,
-                 on_token=lambda t: None):
-        """Sample max_new_tokens tokens after idx (B, T) (temperature 0: the argmax), each also to
-        on_token."""
-        cache = self.new_kv_cache() if kv_cache else None
-        for _ in range(max_new_tokens):
-            logits = self.next_logits(idx, cache)  # (B, vocab_size)
-            if top_k is not None:
-                v = torch.topk(logits, min(top_k, logits.size(-1))).values
-                logits[logits < v[:, [-1]]] = -float("inf")
-            if temperature == 0:
-                idx_next = logits.argmax(dim=-1, keepdim=True)  # (B, 1)
-            else:  # inverse-CDF sampling: torch.multinomial's distribution at a tenth of its cost
-                cdf = F.softmax(logits / temperature, dim=-1).cumsum(dim=-1)
-                u = torch.rand(cdf.size(0), 1, device=cdf.device) * cdf[:, -1:]  # in [0, total)
-                # the first token whose cumulative probability passes u (clamped: in float, u may
-                # round up to the total); test_model.py checks the distribution
-                idx_next = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.size(-1) - 1)
-            on_token(idx_next)  # (B, 1), e.g. to print it as it comes
-            idx = torch.cat((idx, idx_next), dim=1)
-        return idx
-
-
-class KVCache:
-    """Each attention layer's keys and values in buffers of context_size slots, pos filled."""
-
-    def __init__(self, n_layers, context_size):
-        self.k, self.v = [None] * n_layers, [None] * n_layers
-        self.context_size, self.pos = context_size, 0
-
-    def attend(self, i, pos, q, k, v):
-        """Layer i's attention (B, nh, T, hs) of queries q at pos (T,), once its keys and values k,
-        v (B, nh, T, hs) are in its buffers (B, nh, context_size, hs): each query sees the slots up
-        to its own."""
-        for buffers, new in ((self.k, k), (self.v, v)):
-            if buffers[i] is None:  # zeros: a masked slot weighs 0, but 0 * NaN is NaN
-                buffers[i] = new.new_zeros(*new.shape[:2], self.context_size, new.size(3))
-            buffers[i].index_copy_(2, pos, new)
-        mask = pos.view(-1, 1) >= torch.arange(self.context_size, device=pos.device)  # (T, slots)
-        # not SDPA: for a few queries on CPU its kernel costs ~100 us; torch.compile fuses these
-        att = (q @ self.k[i].transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, T, slots)
-        return att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ self.v[i]

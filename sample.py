@@ -60,6 +60,7 @@ except ConfigError as e:
 import torch  # after the checks above: a mistake is told without the seconds of this import
 
 from checkpoint import load as load_checkpoint
+from engine import Engine
 from model import Transformer
 from tokenizer import EOT, get_tokenizer  # here: EOT is no config key
 
@@ -71,8 +72,7 @@ except ConfigError as e:  # (a CheckpointError)
 model = Transformer(model_config)
 model.load_state_dict(ckpt['model'])
 model.eval().to(device)
-if compile:
-    model.compile_decode_step()
+engine = Engine(model, compile=compile)  # compile: the one-token step
 enc = get_tokenizer(ckpt.get('tokenizer', 'gpt2'))  # the run's data: GPT-2 ids or bytes
 ids = enc.encode(start, allowed_special={EOT}) or [enc.eot_token]  # '': eot
 if max(ids) >= model_config.vocab_size:
@@ -96,8 +96,8 @@ try:
         for _ in range(num_samples):
             utf8 = codecs.getincrementaldecoder('utf-8')(errors='replace')  # as enc.decode
             print_tokens(x)  # the prompt
-            model.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
-                           kv_cache=kv_cache, on_token=print_tokens)
+            engine.generate(x, max_new_tokens, temperature=temperature, top_k=top_k or None,
+                            kv_cache=kv_cache, on_token=print_tokens)
             print(utf8.decode(b'', final=True) + '\n---------------', flush=True)
 except KeyboardInterrupt as e:
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # exit 128 + signal, even into a closed pipe

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from checkpoint import model_config_of
 from configurator import load_config
+from engine import Engine, KVCache
 from conftest import train_defaults
 import model
 from model import ModelConfig, Transformer
@@ -317,7 +318,7 @@ def test_param_count_unequal_depth(n_layer, n_decoder_layer, expected):
     assert expected == aed_num_params(96, 50257, n_layer, n_dec)
     assert m.get_num_params() == expected
     assert (len(m.blocks), len(m.decoder_blocks)) == (n_layer, n_dec)
-    assert len(m.new_kv_cache().k) == n_layer + 2 * n_dec
+    assert len(KVCache(m).k) == n_layer + 2 * n_dec
     assert m.flops_per_token() == 6 * expected + 12 * (n_layer + 2 * n_dec) * 96 * 128
 
 
@@ -799,10 +800,10 @@ def test_kv_cache_matches_uncached(kw, prompt_len):
     cfg = tiny(context_size=8, **kw)
     m = make(cfg).eval()
     seq, _ = batch(cfg, T=cfg.context_size + 7)  # (2, 15)
-    cache = m.new_kv_cache()
+    cache, engine = KVCache(m), Engine(m)
     with torch.no_grad():
         for t in range(prompt_len, seq.size(1) + 1):
-            cached = m.next_logits(seq[:, :t], cache)  # (B, V)
+            cached = engine.next_logits(seq[:, :t], cache)  # (B, V)
             window = seq[:, max(0, t - cfg.context_size):t]
             expected = m(window)[0][:, -1]
             torch.testing.assert_close(cached, expected, atol=1e-4, rtol=0, msg=f"step {t}")
@@ -819,43 +820,42 @@ def test_kv_cache_multi_token_steps(kw):
     cfg = tiny(context_size=8, **kw)
     m = make(cfg).eval()
     seq, _ = batch(cfg, T=cfg.context_size)
-    cache = m.new_kv_cache()
+    cache, engine = KVCache(m), Engine(m)
     with torch.no_grad():
         for t in (3, 5, 6, 8):
-            cached = m.next_logits(seq[:, :t], cache)
+            cached = engine.next_logits(seq[:, :t], cache)
             torch.testing.assert_close(cached, m(seq[:, :t])[0][:, -1], atol=1e-4, rtol=0,
                                        msg=f"after {t} tokens")
 
 
 def test_compiled_decode_step_matches_uncached():
-    """compile_decode_step (torch.compile, inductor): the compiled one-token steps give the uncached
-    sliding-window logits at every step, past context_size too, from one compilation (a recompile
-    per position would fail)."""
+    """Engine(compile=True) (torch.compile, inductor): the compiled one-token steps give the
+    uncached sliding-window logits at every step, past context_size too, from one compilation (a
+    recompile per position would fail)."""
     cfg = tiny(context_size=8, sub_pos_embed_to_decoder="YES_NO_LN", embedding_loss_type="MSE",
                use_bias=True)
     m = make(cfg).eval()
     seq, _ = batch(cfg, T=cfg.context_size + 5)  # (2, 13)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    m.compile_decode_step()
-    step, calls = m.compiled_decode_step, []
-    m.compiled_decode_step = lambda *a: calls.append(1) or step(*a)
+    engine = Engine(m, compile=True)
+    step, calls = engine.compiled_step, []
+    engine.compiled_step = lambda *a: calls.append(1) or step(*a)
     with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
         for _ in range(2):  # a second cache: the same compiled step, no recompile
-            cache = m.new_kv_cache()
+            cache = KVCache(m)
             for t in range(1, seq.size(1) + 1):
-                cached = m.next_logits(seq[:, :t], cache)
+                cached = engine.next_logits(seq[:, :t], cache)
                 expected = m(seq[:, max(0, t - cfg.context_size):t])[0][:, -1]
                 torch.testing.assert_close(cached, expected, atol=1e-4, rtol=0, msg=f"step {t}")
         # generate grows idx by one token a step: the step's input must not bring a new stride each
         # time
-        compiled = m.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1)
+        compiled = engine.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1)
     # the compiled step ran for every one-token step inside the window (2-8, twice; then 3-8 in
     # generate), and it is one graph
     assert len(calls) == 2 * 7 + 6 and torch._dynamo.utils.counters['stats']['unique_graphs'] == 1
-    m.compiled_decode_step = None
-    assert torch.equal(compiled, m.generate(seq[:, :2], max_new_tokens=cfg.context_size, top_k=1,
-                                            kv_cache=False))
+    assert torch.equal(compiled, Engine(m).generate(seq[:, :2], max_new_tokens=cfg.context_size,
+                                                    top_k=1, kv_cache=False))
 
 
 @pytest.mark.parametrize("kw", CACHE_VARIANTS,
@@ -865,17 +865,18 @@ def test_generate_cache_equals_no_cache(kw):
     (top_k=1), and sampled with the same seed (the sampled stream is varied, so a wrong logit would
     show quickly)."""
     cfg = tiny(context_size=8, **kw)
-    m = make(cfg).eval()
+    engine = Engine(make(cfg).eval())
     prompt, _ = batch(cfg, T=3)
-    a = m.generate(prompt, max_new_tokens=12, top_k=1, kv_cache=True)
-    b = m.generate(prompt, max_new_tokens=12, top_k=1, kv_cache=False)
+    a = engine.generate(prompt, max_new_tokens=12, top_k=1, kv_cache=True)
+    b = engine.generate(prompt, max_new_tokens=12, top_k=1, kv_cache=False)
     assert a.shape == (2, 15)
     assert torch.equal(a[:, :3], prompt)
     assert torch.equal(a, b)
     streams = []
     for kv_cache in (True, False):
         torch.manual_seed(123)
-        streams.append(m.generate(prompt, max_new_tokens=12, temperature=2.0, kv_cache=kv_cache))
+        streams.append(engine.generate(prompt, max_new_tokens=12, temperature=2.0,
+                                       kv_cache=kv_cache))
     assert torch.equal(streams[0], streams[1])
     assert len(set(streams[0][:, 3:].flatten().tolist())) > 4  # varied, not a constant stream
 
@@ -888,7 +889,8 @@ def test_generate_temperature_zero_is_argmax(kv_cache):
     m = make(cfg).eval()
     prompt, _ = batch(cfg, T=3)
     with torch.no_grad():
-        out = m.generate(prompt, max_new_tokens=10, temperature=0, top_k=5, kv_cache=kv_cache)
+        out = Engine(m).generate(prompt, max_new_tokens=10, temperature=0, top_k=5,
+                                 kv_cache=kv_cache)
         expected = prompt
         for _ in range(10):
             logits = m(expected[:, -cfg.context_size:])[0][:, -1]  # (B, V)
@@ -903,9 +905,10 @@ def test_sampling_draws_softmax_of_the_top_k():
     frequency within 0.01 of its probability (the largest standard error is 0.0025)."""
     m = make(tiny(arch="gpt", vocab_size=8))
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0, 0.5, -2.0, 0.3, 1.5])
-    m.next_logits = lambda idx, cache=None: logits.repeat(len(idx), 1)  # (B, 8)
+    engine = Engine(m)
+    engine.next_logits = lambda idx, cache=None: logits.repeat(len(idx), 1)  # (B, 8)
     torch.manual_seed(0)
-    drawn = m.generate(torch.zeros(40000, 1, dtype=torch.long), 1, temperature=0.7, top_k=5,
+    drawn = engine.generate(torch.zeros(40000, 1, dtype=torch.long), 1, temperature=0.7, top_k=5,
                        kv_cache=False)[:, 1]
     freq = torch.bincount(drawn, minlength=8) / len(drawn)
     top = logits >= logits.topk(5).values[-1]
@@ -1033,7 +1036,7 @@ def test_vocab_padding_generates_the_same_tokens(arch):
         out = []
         for m in (padded, plain):
             torch.manual_seed(7)
-            out.append(m.generate(prompt, max_new_tokens=10, **kw))
+            out.append(Engine(m).generate(prompt, max_new_tokens=10, **kw))
         assert torch.equal(out[0], out[1]), kw
         assert out[0].max() < cfg.vocab_size
 

@@ -11,6 +11,7 @@ import torch
 
 import bench
 from conftest import run_here
+from engine import Engine, KVCache
 from model import ModelConfig, Transformer
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -55,8 +56,8 @@ def test_bench_quick(tmp_path):
     aed = Transformer(ModelConfig(**dict(bench.SMALL_AED, context_size=64))).eval()
     assert {g["new_tokens"] for g in r["generate"]} == {63}  # quick: a context of 64
     for g in (g for g in r["generate"] if g["model"] == "AED"):
-        cache = aed.new_kv_cache()
-        aed.next_logits(torch.zeros(g["batch"], 1, dtype=torch.long), cache)
+        cache = KVCache(aed)
+        Engine(aed).next_logits(torch.zeros(g["batch"], 1, dtype=torch.long), cache)
         assert g["kv_cache_mb"] * 1e6 == pytest.approx(sum(t.numel() * t.element_size()
                                                            for t in cache.k + cache.v))
     assert 0 <= r["data"]["share"] < 1 and r["data"]["step_ms"] > 0

@@ -15,14 +15,14 @@ import torch
 from conftest import ROOT, run_here
 
 ENV = dict(os.environ, OMP_NUM_THREADS='1')
-CORE = ['model.py', 'train.py', 'sample.py', 'configurator.py', 'checkpoint.py', 'rundir.py',
-        'tokenizer.py']
+CORE = ['model.py', 'train.py', 'sample.py', 'engine.py', 'configurator.py', 'checkpoint.py',
+        'rundir.py', 'tokenizer.py']
 TINY = ['--arch=aed', '--vocab_size=256', '--n_layer=2', '--n_embed=16', '--n_head=2',
         '--context_size=16', '--embedding_loss_type=MSE', '--batch_size=4',
         '--gradient_accumulation_steps=2', '--lr=1e-2', '--warmup_iters=2', '--est_steps=1',
         '--est_interval=2', '--compile=False', '--dtype=float32', '--device=cpu']
 # (anchor in model.py, what the fork puts after it): each edit as a forker would make it
-FREEZE = ('        self.compiled_decode_step = None\n',
+FREEZE = ('                nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * depth))\n',
           '        self.wpe.weight.requires_grad_(False)  # fork: a fixed positional embedding\n')
 GATE = ('        self.ln_f = layer_norm(c)\n',
         '        for i, b in enumerate(self.blocks):  # fork: a gate on every other block\n'

@@ -19,6 +19,7 @@ import torch
 import checkpoint
 from configurator import read_config_file
 from conftest import ROOT, run_here, signal_after_reader_gone, train_defaults
+from engine import Engine
 from model import ModelConfig, Transformer
 from tokenizer import get_encoding
 
@@ -57,7 +58,7 @@ def test_streamed_text_is_the_decoded_tokens(out_dir):
     model.load_state_dict(ckpt['model'])
     model.eval()
     x = torch.tensor([enc.encode('H')])
-    ids = [model.generate(x, 200, temperature=2.0, top_k=None)[0].tolist() for _ in range(3)]
+    ids = [Engine(model).generate(x, 200, temperature=2.0)[0].tolist() for _ in range(3)]
     assert out == ''.join(enc.decode(i) + '\n---------------\n' for i in ids)
     # and the test means something: characters were split across tokens (all of them are single
     # bytes), and some bytes were no UTF-8 at all
@@ -77,7 +78,7 @@ def test_a_byte_level_run_samples_bytes(out_dir, tmp_path):
     model.load_state_dict(ckpt['model'])
     model.eval()
     x = torch.tensor([list('é'.encode())])
-    ids = [model.generate(x, 300, temperature=2.0, top_k=None)[0].tolist() for _ in range(2)]
+    ids = [Engine(model).generate(x, 300, temperature=2.0)[0].tolist() for _ in range(2)]
     decode = lambda i: bytes(i).replace(b'\0', b'<|endoftext|>').decode(errors='replace')
     assert out == ''.join(decode(i) + '\n---------------\n' for i in ids)
     assert '<|endoftext|>' in out and out.startswith('é')
