@@ -13,28 +13,19 @@ import torch
 import torch.nn as nn
 from torch.nn import functional as F
 
-ENUMS = {"arch": ("gpt", "aed"), "order_type": ("ORIGINAL", "ALT"),
-         "sub_pos_embed_to_decoder": ("NO", "YES_NO_LN", "YES_LN"),
-         "embedding_loss_type": ("NONE", "MSE", "COSINE", "LOG_COSINE"),
-         "detach_type": ("ENCODER_OUT", "EMBEDDING", "NONE"),
-         "embedding_ln_type": ("INIT", "AVG_CUM_SUM", "NONE")}
+Opt = typing.Optional
 # the embedding-loss options, and what None means for each when the loss is on
 EMBEDDING_LOSS_DEFAULTS = {"embedding_loss_coeff": 1.0, "detach_type": "ENCODER_OUT",
                            "embedding_ln_type": "INIT", "use_ln_on_encoder_out": True,
                            "embedding_ln_affine": True}
-AED_ONLY = ("n_decoder_layer", "cross_attn_n_head", "cross_attn_use_bias", "order_type",
-            "add_ln_before_decoder_ff", "add_pos_embed_to_decoder", "embedding_loss_type",
-            *EMBEDDING_LOSS_DEFAULTS)
-COUNTS = ("vocab_size", "vocab_pad_multiple", "context_size", "n_embed", "n_layer", "n_head",
-          "n_decoder_layer", "cross_attn_n_head")  # each >= 1 (another int may be 0)
-Opt = typing.Optional
 
 
 @dataclass
 class ModelConfig:
     """The model's options. Each field is checked against its annotation (bool, int, float or str,
-    or Opt[...] of one: None allowed) and the rules below; a field a fork adds needs only a type
-    and a default (and its name in AED_ONLY or COUNTS if one of those rules is to hold for it)."""
+    or Opt[...] of one: None allowed) and the rules at the end of this file; a field a fork adds
+    needs only a type and a default (and its name in AED_ONLY or COUNTS there if one of those rules
+    is to hold for it)."""
     arch: str = "aed"  # "gpt" (decoder-only baseline) or "aed"
     vocab_size: int = 50257  # GPT-2's BPE vocabulary
     vocab_pad_multiple: int = 1  # wte's rows up to a multiple of this (e.g. 64)
@@ -61,31 +52,9 @@ class ModelConfig:
     embedding_ln_affine: Opt[bool] = None  # False: loss LayerNorms have no weight, bias
 
     def __post_init__(self):
-        """Checks every field, one rule at a time, in declared order (arch before the AED options,
-        embedding_loss_type before its options); then replaces each None in use by the value it
-        stands for, and checks that the heads divide n_embed."""
-        for f in fields(self):
-            name, v = f.name, getattr(self, f.name)
-            types = typing.get_args(f.type) or (f.type,)  # Opt[int]: (int, NoneType)
-            if type(v) is int and float in types:  # 8 for a float: 8.0
-                v = float(v)
-                setattr(self, name, v)
-            if type(v) not in types:  # type(), not isinstance: True is not an int here
-                kinds = " or ".join(t.__name__.replace("NoneType", "None") for t in types)
-                raise ValueError(f"{name} must be {kinds}, got {v!r}")
-            if name in ENUMS and v is not None and v not in ENUMS[name]:
-                raise ValueError(f"{name} must be {' or '.join(ENUMS[name])}, got {v!r}")
-            if name in COUNTS and v is not None and v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v!r}")
-            off = None  # why the field must stay at its default, if it must
-            if self.arch == "gpt" and name in AED_ONLY:
-                off = "arch is gpt (an AED option)"
-            elif name in EMBEDDING_LOSS_DEFAULTS and self.embedding_loss_type == "NONE":
-                off = "embedding_loss_type is NONE"
-            if off and v != f.default:
-                raise ValueError(f"{name} must stay {f.default!r} while {off}")
-        if not 0.0 <= self.dropout_rate < 1.0:
-            raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
+        """Checks every field (check_fields, at the end of this file); then replaces each None in
+        use by the value it stands for, and checks that the heads divide n_embed."""
+        check_fields(self)
         if self.arch == "aed":  # each None in use: the value it stands for
             derived = dict(n_decoder_layer=self.n_layer, cross_attn_n_head=2 * self.n_head,
                            cross_attn_use_bias=self.use_bias)
@@ -344,3 +313,44 @@ class Transformer(nn.Module):
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas,
                                  fused=device_type in ("cuda", "cpu"))
+
+
+# ModelConfig's rules (check_fields): the values each str option may take, the options of the
+# AED alone (they stay at their defaults in the GPT), the counts
+ENUMS = {"arch": ("gpt", "aed"), "order_type": ("ORIGINAL", "ALT"),
+         "sub_pos_embed_to_decoder": ("NO", "YES_NO_LN", "YES_LN"),
+         "embedding_loss_type": ("NONE", "MSE", "COSINE", "LOG_COSINE"),
+         "detach_type": ("ENCODER_OUT", "EMBEDDING", "NONE"),
+         "embedding_ln_type": ("INIT", "AVG_CUM_SUM", "NONE")}
+AED_ONLY = ("n_decoder_layer", "cross_attn_n_head", "cross_attn_use_bias", "order_type",
+            "add_ln_before_decoder_ff", "add_pos_embed_to_decoder", "embedding_loss_type",
+            *EMBEDDING_LOSS_DEFAULTS)
+COUNTS = ("vocab_size", "vocab_pad_multiple", "context_size", "n_embed", "n_layer", "n_head",
+          "n_decoder_layer", "cross_attn_n_head")  # each >= 1 (another int may be 0)
+
+
+def check_fields(c):
+    """Each field of ModelConfig c against its annotation and the rules above, in declared order
+    (arch before the AED options, embedding_loss_type before its options)."""
+    for f in fields(c):
+        name, v = f.name, getattr(c, f.name)
+        types = typing.get_args(f.type) or (f.type,)  # Opt[int]: (int, NoneType)
+        if type(v) is int and float in types:  # 8 for a float: 8.0
+            v = float(v)
+            setattr(c, name, v)
+        if type(v) not in types:  # type(), not isinstance: True is not an int here
+            kinds = " or ".join(t.__name__.replace("NoneType", "None") for t in types)
+            raise ValueError(f"{name} must be {kinds}, got {v!r}")
+        if name in ENUMS and v is not None and v not in ENUMS[name]:
+            raise ValueError(f"{name} must be {' or '.join(ENUMS[name])}, got {v!r}")
+        if name in COUNTS and v is not None and v < 1:
+            raise ValueError(f"{name} must be >= 1, got {v!r}")
+        off = None  # why the field must stay at its default, if it must
+        if c.arch == "gpt" and name in AED_ONLY:
+            off = "arch is gpt (an AED option)"
+        elif name in EMBEDDING_LOSS_DEFAULTS and c.embedding_loss_type == "NONE":
+            off = "embedding_loss_type is NONE"
+        if off and v != f.default:
+            raise ValueError(f"{name} must stay {f.default!r} while {off}")
+    if not 0.0 <= c.dropout_rate < 1.0:
+        raise ValueError(f"dropout_rate must be in [0, 1), got {c.dropout_rate}")
