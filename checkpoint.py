@@ -135,8 +135,9 @@ def load(path, keys=('model', 'config')):
         c = model_config_of(config)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
-    # the config against the weights, built on meta; a config claiming far more blocks than
-    # the file holds tensors is refused before (a block has one at least)
+    # the config against the weights, built on meta (no memory, but building takes time: a
+    # config claiming more blocks than the file holds tensors, a block at least one, is refused
+    # before)
     if (n := c.n_layer + (c.n_decoder_layer or 0)) > len(sd):
         raise CheckpointError(f"{path}: its config asks for {n} blocks, more than the file's "
                               f"{len(sd)} tensors")
@@ -185,9 +186,9 @@ def resume_config(defaults, argv, out_dir):
                               for k, v in ckpt['config'].items() if k in defaults})
     config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
     # the model stays; another spelling of it is no change (n_decoder_layer None and = n_layer)
-    for k in MODEL_KEYS:
-        if config[k] != saved[k] and model_config_of(config) != model_config_of(saved):
-            raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
-                              f"this run asks for {config[k]!r}")
+    if model_config_of(config) != model_config_of(saved):
+        k = next(k for k in MODEL_KEYS if config[k] != saved[k])
+        raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
+                          f"this run asks for {config[k]!r}")
     changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']
     return config, ckpt, changes

@@ -242,8 +242,9 @@ class Transformer(nn.Module):
         if self.decoder_blocks is not None:  # the AED: enc, the encoder output, has no LayerNorm
             enc = x
             x = self.bridge(enc if self.ln_bridge is None else self.ln_bridge(enc))
-            # in place, as the author's: x stays bf16 under autocast (x + wpe would be float32;
-            # cast back to bf16, it would still round wpe's gradient differently)
+            # in place, as the author's (legal: the Linear's backward needs its input, not x): x
+            # stays bf16 under autocast (x + wpe would be float32; cast back to bf16, it would
+            # still round wpe's gradient differently)
             if c.add_pos_embed_to_decoder:
                 x += self.wpe(pos + 1)
             for block in self.decoder_blocks:

@@ -38,7 +38,7 @@ out_dir = 'out'        # checkpoints, log.jsonl and summary.json go here
 init_from = 'scratch'  # 'scratch' or 'resume' (continue from out_dir/ckpt_last.pt)
 overwrite = False      # True: a scratch run may replace the run in out_dir (else it is refused)
 est_interval = 500     # estimate train/val loss every this many steps, and at the end
-est_steps = 200        # batches per split in each estimate
+est_steps = 200        # batches of batch_size per split in each estimate
 log_interval = 1       # print a line every this many steps (log.jsonl gets every step)
 save_interval = 0      # also save ckpt_last.pt every this many steps (0: at estimates only)
 # data
@@ -46,8 +46,8 @@ data_dir = 'data'      # where prepare.py wrote the data
 dataset = 'wikipedia'  # reads data_dir/dataset/{train,val}.bin (python prepare.py makes them)
 train_tokens = 0       # train on the first this many tokens of train.bin only (0: all of it)
 batch_size = 50        # a step: batch_size x gradient_accumulation_steps sequences, all ranks
-gradient_accumulation_steps = 16  # (estimates: batches of batch_size; split across DDP ranks)
-micro_batch = 200      # at most this many sequences a forward (0: batch_size): see micro_steps
+gradient_accumulation_steps = 16  # split across DDP ranks; not a step's forwards (micro_batch)
+micro_batch = 200      # a step's forwards: fewest with at most this many rows (0: batch_size)
 # model: every field of model.py's ModelConfig is a key too (arch, vocab_size, context_size, ...)
 # AdamW optimizer
 lr = 9e-4              # peak learning rate
@@ -72,10 +72,10 @@ seed = 1337            # the init, the batches and dropout all follow from it
 try:  # the keys above and ModelConfig's, from argv (--help lists them); a resume: the run's own
     # config, what this command changes in it, and its checkpoint
     config, model_config, ckpt, changes = run_config(globals(), sys.argv[1:])
-    # every key a global, as nanoGPT's configurator does; ModelConfig's (arch, vocab_size, ...) as
-    # model_config resolved them (config, saved, keeps each None; and device 'auto', so a resume
-    # on other hardware works)
-    globals().update(config, **vars(model_config))
+    # every key a global, as nanoGPT's configurator does, as given (device 'auto', a None of
+    # ModelConfig's): the run saves config, so a resume on other hardware works; model_config
+    # holds the model's options resolved (n_decoder_layer None: n_layer)
+    globals().update(config)
     device, device_type, dtype, autocast = resolve_device(device, dtype)
 except ConfigError as e:
     die(e)
@@ -361,8 +361,8 @@ while True:
               'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)}
     run.log(record)
     if step % log_interval == 0 or step == train_steps:
-        terms = "" if 'emb' not in means else \
-            f" (ce {means['ce']:.4f} + {embedding_loss_coeff:g} x emb {means['emb']:.3e})"
+        terms = "" if 'emb' not in means else (f" (ce {means['ce']:.4f} + "
+            f"{model_config.embedding_loss_coeff:g} x emb {means['emb']:.3e})")
         print(f"step {step}/{train_steps} | loss {means['loss']:.4f}{terms} | lr {lr_now:.2e} "
               f"| epoch {record['epochs']:.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
               f"{f' | mfu {mfu * 100:.1f}%' if mfu else ''}")
