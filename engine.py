@@ -11,17 +11,17 @@ class KVCache:
     """Each attention layer's keys and values in buffers of context_size slots, pos filled."""
 
     def __init__(self, model):
-        n_layers, self.context_size = len(model.attention_layers), model.config.context_size
-        self.k, self.v, self.pos = [None] * n_layers, [None] * n_layers, 0
+        self.context_size, self.pos = model.config.context_size, 0
+        self.k, self.v = {}, {}  # an attention layer's buffers, by the layer
 
-    def update(self, i, pos, k, v):
-        """Layer i's buffers of keys and values (B, nh, context_size, hs), once k, v (B, nh, T, hs)
+    def update(self, layer, pos, k, v):
+        """layer's buffers of keys and values (B, nh, context_size, hs), once k, v (B, nh, T, hs)
         are in them at pos (T,)."""
         for buffers, new in ((self.k, k), (self.v, v)):
-            if buffers[i] is None:  # zeros: a masked slot weighs 0, but 0 * NaN is NaN
-                buffers[i] = new.new_zeros(*new.shape[:2], self.context_size, new.size(3))
-            buffers[i].index_copy_(2, pos, new)
-        return self.k[i], self.v[i]
+            if layer not in buffers:  # zeros: a masked slot weighs 0, but 0 * NaN is NaN
+                buffers[layer] = new.new_zeros(*new.shape[:2], self.context_size, new.size(3))
+            buffers[layer].index_copy_(2, pos, new)
+        return self.k[layer], self.v[layer]
 
 
 class Engine:

@@ -86,8 +86,6 @@ class Attention(nn.Module):
         super().__init__()
         C, bias = c.n_embed, (c.cross_attn_use_bias if cross else c.use_bias)
         self.n_head = c.cross_attn_n_head if cross else c.n_head
-        # self.layer_idx, its slot in a KVCache (engine.py): set by Transformer, which numbers
-        # its layers
         if cross:
             self.q_proj, self.kv_proj = nn.Linear(C, C, bias=bias), nn.Linear(C, 2 * C, bias=bias)
         else:
@@ -112,7 +110,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         else:  # generation (engine.py): every key and value cached so far, each query seeing the
             # slots up to its own position; not SDPA: for a few queries on CPU it costs ~100 us
-            k, v = cache.update(self.layer_idx, pos, k, v)  # (B, nh, context_size, hs)
+            k, v = cache.update(self, pos, k, v)  # (B, nh, context_size, hs)
             mask = pos.view(-1, 1) >= torch.arange(k.size(2), device=pos.device)  # (T, slots)
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, T, slots)
             y = att.masked_fill(~mask, float("-inf")).softmax(dim=-1) @ v
@@ -196,8 +194,6 @@ class Transformer(nn.Module):
         self.ln_b = loss_layer_norm(c) if c.use_ln_on_encoder_out else None
         self.ln_f = layer_norm(c)
         self.attention_layers = [m for m in self.modules() if isinstance(m, Attention)]
-        for i, m in enumerate(self.attention_layers):  # each one's slot in a KVCache, in order
-            m.layer_idx = i
         self.apply(self._init_weights)  # Linear, Embedding ~ N(0, 0.02); LayerNorms keep 1 and 0
         # GPT-2's scaled init of the residual projections (c_proj): 0.02 / sqrt(2 * the blocks of
         # their stack), n_layer for the GPT and the encoder, n_decoder_layer (n_layer unless set)

@@ -318,7 +318,7 @@ def test_param_count_unequal_depth(n_layer, n_decoder_layer, expected):
     assert expected == aed_num_params(96, 50257, n_layer, n_dec)
     assert m.get_num_params() == expected
     assert (len(m.blocks), len(m.decoder_blocks)) == (n_layer, n_dec)
-    assert len(KVCache(m).k) == n_layer + 2 * n_dec
+    assert len(m.attention_layers) == n_layer + 2 * n_dec
     assert m.flops_per_token() == 6 * expected + 12 * (n_layer + 2 * n_dec) * 96 * 128
 
 

@@ -58,8 +58,9 @@ def test_bench_quick(tmp_path):
     for g in (g for g in r["generate"] if g["model"] == "AED"):
         cache = KVCache(aed)
         Engine(aed).next_logits(torch.zeros(g["batch"], 1, dtype=torch.long), cache)
+        buffers = [*cache.k.values(), *cache.v.values()]
         assert g["kv_cache_mb"] * 1e6 == pytest.approx(sum(t.numel() * t.element_size()
-                                                           for t in cache.k + cache.v))
+                                                           for t in buffers))
     assert 0 <= r["data"]["share"] < 1 and r["data"]["step_ms"] > 0
     assert r["prepare"]["prepare_mb_per_s"] > 0 and r["prepare"]["prepare_peak_rss_mb"] > 0
     assert all(m["step_mb"] > 0 for m in r["memory"])
