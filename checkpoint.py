@@ -105,10 +105,14 @@ def link(src, dst):
 
 
 def expected_shapes(model_config):
-    # shapes only: no memory, however large the config (so a fork's __init__ must run on meta:
-    # no .item(), no numpy of a tensor)
-    with torch.device('meta'):
-        return {k: tuple(v.shape) for k, v in Transformer(model_config).state_dict().items()}
+    # shapes only, built on meta: no memory, however large the config. A fork's __init__ that
+    # reads a value (.item(), numpy) cannot run there: built on the CPU instead
+    try:
+        with torch.device('meta'):
+            model = Transformer(model_config)
+    except Exception:
+        model = Transformer(model_config)
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def load(path, keys=('model', 'config')):

@@ -52,7 +52,8 @@ UNTIED_INIT = ('        self.ln_f = layer_norm(c)\n',
                '        self.lm_head = nn.Linear(C, c.vocab_size, bias=False)  # fork\n')
 LR_GROUP = ('"weight_decay": 0.0}]', '"weight_decay": 0.0, "lr_scale": 10.0}]', 'replace')
 OWN_INIT = ('        self.ln_2, self.mlp = layer_norm(c), MLP(c)\n',
-            '        self.mix = nn.Parameter(torch.eye(c.n_embed))  # fork: its own init\n')
+            '        self.mix = nn.Parameter(torch.eye(c.n_embed))  # fork: its own init\n'
+            '        self.mix_norm = self.mix.norm().item()  # fork: reads a value (not on meta)\n')
 OWN_INIT_USE = ('        return x + self.mlp(self.ln_2(x))\n',
                 '        return (x + self.mlp(self.ln_2(x))) @ self.mix  # fork\n', 'replace')
 INT_FIELD = (FIELD[0], '    n_memory: int = 0  # fork: a count that may be 0\n')
@@ -258,8 +259,9 @@ def test_a_loss_term_in_forward(tmp_path, data):
 
 def test_the_usual_forks(tmp_path, data, base):
     """RMSNorm for LayerNorm, a SwiGLU MLP, an untied head, one parameter group at 10x the lr, a
-    parameter with its own init, an int field defaulting to 0 and a new train.py key, in one copy:
-    it trains, resumes and samples; the init, the head and the 10x lr hold. The unforked run's
+    parameter with its own init (its __init__ reading a value: checkpoint.py's shape check cannot
+    build it on meta), an int field defaulting to 0 and a new train.py key, in one copy: it
+    trains, resumes and samples; the init, the head and the 10x lr hold. The unforked run's
     checkpoint is refused in one line that says why; a key set below train.py's keys, too."""
     code, out, start = fork(tmp_path, *USUAL), str(tmp_path / 'out'), str(tmp_path / 'start.pt')
     train = (code / 'train.py').read_text()
