@@ -150,9 +150,10 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-# x.cumsum(dim=1), compiled as eager's ATen kernel (Inductor's own failed on CUDA: docs/gpu.md). A
-# custom op needs its fake (shapes only) and its backward: the gradient of a cumulative sum over
-# time is the reversed cumulative sum of the reversed gradient
+# x.cumsum(dim=1), compiled as eager's ATen kernel (Inductor's own failed on CUDA: docs/gpu.md; an
+# op of a fork's needs no such wrapper unless Inductor fails on it). A custom op needs its fake
+# (shapes only) and its backward: the gradient of a cumulative sum over time is the reversed
+# cumulative sum of the reversed gradient
 @torch.library.custom_op("aed::cumsum_time", mutates_args=())
 def cumsum_time(x: torch.Tensor) -> torch.Tensor:
     return x.cumsum(dim=1)
@@ -164,15 +165,18 @@ cumsum_time.register_autograd(lambda ctx, grad: cumsum_time(grad.flip(1)).flip(1
 
 class Transformer(nn.Module):
     """The GPT baseline (arch='gpt') or the AED model (arch='aed'); see the module docstring.
-    __init__ also runs on the meta device (checkpoint.py builds it there for the shapes alone)."""
+    __init__ also runs on the meta device (checkpoint.py builds it there for the shapes alone).
+    Saves refuse NaN/inf in every saved tensor: a buffer holding -inf (a mask) goes unsaved
+    (register_buffer(..., persistent=False))."""
 
     def __init__(self, config):
         super().__init__()
         self.config = c = config
         C = c.n_embed
-        # tied to the head; rows: vocab_size rounded up (-(-a // b): ceil) to a multiple of
-        # vocab_pad_multiple, the extra ones unused
-        self.wte = nn.Embedding(-(-c.vocab_size // c.vocab_pad_multiple) * c.vocab_pad_multiple, C)
+        # tied to the head; vocab_size rounded up to a multiple of vocab_pad_multiple, the extra
+        # rows unused
+        rows = math.ceil(c.vocab_size / c.vocab_pad_multiple) * c.vocab_pad_multiple
+        self.wte = nn.Embedding(rows, C)
         # wpe[1..T], the next positions, added to the decoder input or subtracted at the head:
         # one row more
         next_pos = c.add_pos_embed_to_decoder or c.sub_pos_embed_to_decoder != "NO"
