@@ -247,8 +247,7 @@ def mean_ce(m, data, starts):
         X, Y = get_batch(data, starts[i:i + batch_size])
         mark_step()
         with autocast:
-            _, _, parts = m(X, Y, return_logits=False)
-            total += parts['ce'].float() * len(X)
+            total += m(X, Y, return_logits=False)[2]['ce'].float() * len(X)
     m.train()
     return total.item() / len(starts)
 
