@@ -140,13 +140,12 @@ def load(path, keys=('model', 'config')):
         c = model_config_of(config)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: invalid model config: {e}") from None
-    # the config against the weights, built on meta (no memory, but building takes time: a
-    # config claiming more blocks than the file holds tensors, a block at least one, is refused
-    # before)
+    # a block holds a tensor at least: a config claiming more blocks than the file has tensors
+    # is refused at once (even on meta, building it would take long)
     if (n := c.n_layer + (c.n_decoder_layer or 0)) > len(sd):
         raise CheckpointError(f"{path}: its config asks for {n} blocks, more than the file's "
                               f"{len(sd)} tensors")
-    shapes = expected_shapes(c)
+    shapes = expected_shapes(c)  # the config against the weights
     for k in {**shapes, **sd}:  # the model's order, then what only the file holds
         got, needed = tuple(sd[k].shape) if k in sd else 'missing', shapes.get(k, 'none')
         if got != needed:

@@ -199,9 +199,9 @@ class Transformer(nn.Module):
         self.ln_f = layer_norm(c)
         self.attention_layers = [m for m in self.modules() if isinstance(m, Attention)]
         self.apply(self._init_weights)  # Linear, Embedding ~ N(0, 0.02); LayerNorms keep 1 and 0
-        # GPT-2's scaled init of the residual projections (c_proj): 0.02 / sqrt(2 * the blocks of
-        # their stack), n_layer for the GPT and the encoder, n_decoder_layer (n_layer unless set)
-        # for the decoder: the author's 0.02 / sqrt(2 * n_layer) for both halves
+        # GPT-2's scaled init of the residual projections (c_proj): 0.02 / sqrt(2 * depth), depth
+        # the blocks of their stack: n_layer for the GPT and the encoder, n_decoder_layer for the
+        # decoder (unset, it is n_layer: the author's init)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 depth = c.n_decoder_layer if name.startswith("decoder_blocks.") else c.n_layer
