@@ -29,11 +29,10 @@ class Engine:
     from them. compile=True: the one-token cached step runs torch.compile'd, compiled once for all
     positions (fixed shapes)."""
 
-    def __init__(self, model, compile=False, **compile_kwargs):
+    def __init__(self, model, compile=False):
         self.model, self.compiled_step = model, None
         if compile:
-            self.compiled_step = torch.compile(self.last_logits, dynamic=False, fullgraph=True,
-                                               **compile_kwargs)
+            self.compiled_step = torch.compile(self.last_logits, dynamic=False, fullgraph=True)
 
     def last_logits(self, idx, cache, pos):
         """Logits (B, vocab_size) of the token after idx (B, T) at pos (T,), against cache."""
@@ -58,7 +57,6 @@ class Engine:
         cache.pos += new.size(1)  # the slots filled once this step is done
         return step(new, cache, pos)
 
-    @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, kv_cache=True,
                  on_token=lambda t: None):
         """Sample max_new_tokens tokens after idx (B, T) (temperature 0: the argmax), each also to
