@@ -16,7 +16,7 @@ import torch
 from configurator import ConfigError, check_type, collect_defaults, load_config
 from model import ModelConfig, Transformer
 
-MODEL_KEYS = [f.name for f in dataclasses.fields(ModelConfig)]
+MODEL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
 
 
 class CheckpointError(ConfigError):  # a one-line error too
@@ -159,15 +159,17 @@ def load(path, keys=('model', 'config')):
 
 
 def model_config_of(config):  # a field the run's config lacks (it is older) takes its default
-    return ModelConfig(**{k: config[k] for k in MODEL_KEYS if k in config})
+    return ModelConfig(**{k: config[k] for k in MODEL_DEFAULTS if k in config})
 
 
 def run_config(namespace, argv):
     """(config, model_config, ckpt, [(key, old, new)]) of train.py: its keys (namespace's public
     int, float, bool, str and None globals) and ModelConfig's, set by argv's config files and
     --key=value; a resume's come from its checkpoint (resume_config), else ckpt is None."""
-    defaults = {**collect_defaults(namespace),
-                **{f.name: f.default for f in dataclasses.fields(ModelConfig)}}
+    defaults = collect_defaults(namespace)
+    if clash := defaults.keys() & MODEL_DEFAULTS:  # else one default would hide the other
+        raise ConfigError(f"{clash.pop()} is both a train.py key and a ModelConfig field")
+    defaults.update(MODEL_DEFAULTS)
     sources = [namespace['__file__'], sys.modules['model'].__file__]  # of --help's comments
     config, ckpt, changes = load_config(defaults, argv, sources=sources), None, []
     try:  # a value ModelConfig refuses, here or in resume_config: one line
@@ -191,7 +193,7 @@ def resume_config(defaults, argv, out_dir):
     config = dict(load_config(defaults, argv, base=saved), init_from='resume', out_dir=out_dir)
     # the model stays; another spelling of it is no change (n_decoder_layer None and = n_layer)
     if model_config_of(config) != model_config_of(saved):
-        k = next(k for k in MODEL_KEYS if config[k] != saved[k])
+        k = next(k for k in MODEL_DEFAULTS if config[k] != saved[k])
         raise ConfigError(f"cannot change {k} when resuming: the checkpoint has {saved[k]!r}, "
                           f"this run asks for {config[k]!r}")
     changes = [(k, saved[k], v) for k, v in config.items() if v != saved[k] and k != 'init_from']

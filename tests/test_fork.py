@@ -262,7 +262,8 @@ def test_the_usual_forks(tmp_path, data, base):
     parameter with its own init (its __init__ reading a value: checkpoint.py's shape check cannot
     build it on meta), an int field defaulting to 0 and a new train.py key, in one copy: it
     trains, resumes and samples; the init, the head and the 10x lr hold. The unforked run's
-    checkpoint is refused in one line that says why; a key set below train.py's keys, too."""
+    checkpoint is refused in one line that says why; a key set below train.py's keys, or named
+    like a ModelConfig field, too."""
     code, out, start = fork(tmp_path, *USUAL), str(tmp_path / 'out'), str(tmp_path / 'start.pt')
     train = (code / 'train.py').read_text()
     (code / 'train.py').write_text(train.replace(*NEW_KEY, 1))
@@ -293,3 +294,6 @@ def test_the_usual_forks(tmp_path, data, base):
     assert refused(*TINY, '--log_extra=True') == (
         "error: unknown config key 'log_extra': train.py sets it below its keys, so it is not one "
         "(keys go above the '# ---' line)")
+    # a key named like a ModelConfig field: one of the two defaults would silently hide the other
+    (code / 'train.py').write_text(train.replace('seed = 1337', 'dropout_rate = 0.1\nseed = 1337'))
+    assert refused(*TINY) == "error: dropout_rate is both a train.py key and a ModelConfig field"
