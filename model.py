@@ -165,9 +165,9 @@ cumsum_time.register_autograd(lambda ctx, grad: cumsum_time(grad.flip(1)).flip(1
 
 class Transformer(nn.Module):
     """The GPT baseline (arch='gpt') or the AED model (arch='aed'); see the module docstring.
-    __init__ also runs on the meta device (checkpoint.py builds it there for the shapes alone).
-    Saves refuse NaN/inf in every saved tensor: a buffer holding -inf (a mask) goes unsaved
-    (register_buffer(..., persistent=False))."""
+    checkpoint.py builds it on the meta device for its shapes (on the CPU if __init__ reads a value
+    there, e.g. .item()). Saves refuse NaN/inf in every saved tensor: a buffer holding -inf (a
+    mask) goes unsaved (register_buffer(..., persistent=False))."""
 
     def __init__(self, config):
         super().__init__()

@@ -172,7 +172,7 @@ class RunDir:
         to it if best. Non-finite weights or Adam moments (an overflowing update) stop the run."""
         ckpt = dict(ckpt, step=step, best_val_loss=self.best_val_loss, best_step=self.best_step,
                     last_est=self.last_est, elapsed=self.elapsed(), tokens=self.tokens(step))
-        named = list(ckpt['model'].items())
+        named = [*ckpt['model'].items()]  # the model's tensors
         for i, state in ckpt['optimizer']['state'].items():  # AdamW's moments of parameter i
             named += [(f"optimizer state {k} of parameter {i}", v) for k, v in state.items()]
         if bad := nonfinite(named):

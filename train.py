@@ -361,8 +361,9 @@ while True:
               'tok_s': round(tok_s, 1), 'mfu': mfu, **run.clock(step)}
     run.log(record)
     if step % log_interval == 0 or step == train_steps:
-        terms = "" if 'emb' not in means else (f" (ce {means['ce']:.4f} + "
-            f"{model_config.embedding_loss_coeff:g} x emb {means['emb']:.3e})")
+        terms = "" if 'emb' not in means else (  # the loss the optimizer sees, and its parts
+            f" (ce {means['ce']:.4f} + {model_config.embedding_loss_coeff:g} x emb "
+            f"{means['emb']:.3e})")
         print(f"step {step}/{train_steps} | loss {means['loss']:.4f}{terms} | lr {lr_now:.2e} "
               f"| epoch {record['epochs']:.2f} | {dt * 1000:.0f} ms | {tok_s:,.0f} tok/s"
               f"{f' | mfu {mfu * 100:.1f}%' if mfu else ''}")
